@@ -1,0 +1,144 @@
+"""One layer of the decoder stack, section 3.1."""
+
+import keras
+
+from keras_transformer.layers.transformer_block import TransformerBlock
+from keras_transformer.layers.utils import sublayer_connection
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class TransformerDecoderBlock(TransformerBlock):
+    """Masked self-attention, encoder-decoder attention, then a feed-forward
+    network (section 3.1).
+
+    Each sub-layer is wrapped as LayerNorm(x + Dropout(Sublayer(x))), or in
+    pre-LN form with `normalize_first=True`. The self-attention is causal:
+    position t attends to positions <= t only, so the prediction at t cannot
+    see the target tokens after it. Arguments are those of
+    `TransformerBlock`.
+
+    For step-by-step decoding, pass a self-attention cache (the keys and
+    values of the positions decoded so far, in a buffer of fixed length) with
+    the index of the new positions, and the encoder's keys and values from
+    `compute_cross_attention_cache`. The block then returns its output and
+    the updated self-attention cache.
+
+    Call arguments:
+        inputs: `[B, T, d_model]`, the shifted target embeddings.
+        encoder_output: `[B, S, d_model]`. May be None when
+            `cross_attention_cache` is given.
+        decoder_padding_mask: boolean `[B, T]`, False at target padding.
+        encoder_padding_mask: boolean `[B, S]`, False at source padding.
+        self_attention_cache: a `(key, value)` pair of
+            `[B, T_max, num_heads, head_dim]`.
+        self_attention_cache_update_index: where `inputs` starts in the cache.
+        cross_attention_cache: a `(key, value)` pair of
+            `[B, S, num_heads, head_dim]`.
+        training: whether dropout is active.
+
+    Returns:
+        `[B, T, d_model]`, and the updated self-attention cache if one was
+        given.
+    """
+
+    def build(self, inputs_shape, encoder_output_shape=None):
+        encoder_output_shape = encoder_output_shape or inputs_shape
+        self.self_attention = self._attention("self_attention")
+        self.self_attention.build(inputs_shape, inputs_shape)
+        self.self_attention_norm = self._norm("self_attention_norm", inputs_shape)
+        self.self_attention_dropout = self._dropout("self_attention_dropout")
+        self.cross_attention = self._attention("cross_attention")
+        self.cross_attention.build(inputs_shape, encoder_output_shape)
+        self.cross_attention_norm = self._norm(
+            "cross_attention_norm", inputs_shape
+        )
+        self.cross_attention_dropout = self._dropout("cross_attention_dropout")
+        self.feed_forward = self._feed_forward()
+        self.feed_forward.build(inputs_shape)
+        self.feed_forward_norm = self._norm("feed_forward_norm", inputs_shape)
+        self.feed_forward_dropout = self._dropout("feed_forward_dropout")
+        self.built = True
+
+    def compute_cross_attention_cache(self, encoder_output):
+        """The encoder's keys and values, computed once per sentence."""
+        return self.cross_attention.compute_key_value(encoder_output)
+
+    def call(
+        self,
+        inputs,
+        encoder_output=None,
+        decoder_padding_mask=None,
+        encoder_padding_mask=None,
+        self_attention_cache=None,
+        self_attention_cache_update_index=None,
+        cross_attention_cache=None,
+        training=None,
+    ):
+        if encoder_output is None and cross_attention_cache is None:
+            raise ValueError(
+                "The decoder block attends to the encoder, so it needs "
+                "`encoder_output` or `cross_attention_cache`. Received: "
+                "encoder_output=None, cross_attention_cache=None"
+            )
+        updated_cache = None
+
+        def masked_self_attention(x):
+            nonlocal updated_cache
+            if self_attention_cache is None:
+                return self.self_attention(
+                    x,
+                    x,
+                    value_mask=decoder_padding_mask,
+                    use_causal_mask=True,
+                    training=training,
+                )
+            x, updated_cache = self.self_attention(
+                x,
+                x,
+                use_causal_mask=True,
+                cache=self_attention_cache,
+                cache_update_index=self_attention_cache_update_index,
+                training=training,
+            )
+            return x
+
+        def encoder_decoder_attention(x):
+            if cross_attention_cache is None:
+                return self.cross_attention(
+                    x,
+                    encoder_output,
+                    value_mask=encoder_padding_mask,
+                    training=training,
+                )
+            x, _ = self.cross_attention(
+                x,
+                encoder_output,
+                value_mask=encoder_padding_mask,
+                cache=cross_attention_cache,
+                training=training,
+            )
+            return x
+
+        x = inputs
+        for sublayer, norm, dropout in (
+            (
+                masked_self_attention,
+                self.self_attention_norm,
+                self.self_attention_dropout,
+            ),
+            (
+                encoder_decoder_attention,
+                self.cross_attention_norm,
+                self.cross_attention_dropout,
+            ),
+            (self.feed_forward, self.feed_forward_norm, self.feed_forward_dropout),
+        ):
+            x = sublayer_connection(
+                x, sublayer, norm, dropout, self.normalize_first, training
+            )
+        if self_attention_cache is None:
+            return x
+        return x, updated_cache
+
+    def compute_output_shape(self, inputs_shape, encoder_output_shape=None):
+        return inputs_shape

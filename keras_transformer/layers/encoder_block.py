@@ -1,0 +1,69 @@
+"""One layer of the encoder stack, section 3.1."""
+
+import keras
+
+from keras_transformer.layers.transformer_block import TransformerBlock
+from keras_transformer.layers.utils import sublayer_connection
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class TransformerEncoderBlock(TransformerBlock):
+    """Self-attention, then a feed-forward network (section 3.1).
+
+    Each sub-layer is wrapped as LayerNorm(x + Dropout(Sublayer(x))), or in
+    pre-LN form with `normalize_first=True`. Arguments are those of
+    `TransformerBlock`.
+
+    Call arguments:
+        inputs: `[B, S, d_model]`.
+        padding_mask: boolean `[B, S]`, False at padding. Padded positions
+            are never attended to, so they do not change the other outputs.
+        attention_mask: boolean `[B, S, S]`, merged with `padding_mask`.
+        training: whether dropout is active.
+
+    Returns:
+        `[B, S, d_model]`.
+    """
+
+    def build(self, inputs_shape):
+        self.self_attention = self._attention("self_attention")
+        self.self_attention.build(inputs_shape, inputs_shape)
+        self.self_attention_norm = self._norm("self_attention_norm", inputs_shape)
+        self.self_attention_dropout = self._dropout("self_attention_dropout")
+        self.feed_forward = self._feed_forward()
+        self.feed_forward.build(inputs_shape)
+        self.feed_forward_norm = self._norm("feed_forward_norm", inputs_shape)
+        self.feed_forward_dropout = self._dropout("feed_forward_dropout")
+        self.built = True
+
+    def call(
+        self, inputs, padding_mask=None, attention_mask=None, training=None
+    ):
+        def self_attention(x):
+            return self.self_attention(
+                x,
+                x,
+                value_mask=padding_mask,
+                attention_mask=attention_mask,
+                training=training,
+            )
+
+        x = sublayer_connection(
+            inputs,
+            self_attention,
+            self.self_attention_norm,
+            self.self_attention_dropout,
+            self.normalize_first,
+            training,
+        )
+        return sublayer_connection(
+            x,
+            self.feed_forward,
+            self.feed_forward_norm,
+            self.feed_forward_dropout,
+            self.normalize_first,
+            training,
+        )
+
+    def compute_output_shape(self, inputs_shape):
+        return inputs_shape

@@ -1,0 +1,335 @@
+"""Multi-head attention, section 3.2 of "Attention Is All You Need"."""
+
+import math
+
+import keras
+from keras import ops
+
+from keras_transformer.layers.utils import clone_initializer
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class MultiHeadAttention(keras.layers.Layer):
+    """Multi-head scaled dot-product attention (section 3.2).
+
+        Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V
+        MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O
+        head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
+
+    The constructor and `call` mirror `keras.layers.MultiHeadAttention`, and
+    the weights have the same shapes and order (query, key, value, output),
+    so one layer can stand in for the other. Two things are added:
+
+    - `key_dim` defaults to d_model / num_heads, as in the paper
+      (d_k = d_v = d_model / h).
+    - Incremental decoding. Self-attention writes the keys and values of new
+      target positions into a fixed-size cache at `cache_update_index`.
+      Cross-attention takes the encoder's keys and values, computed once by
+      `compute_key_value`, as a cache with no update index.
+
+    The fused `keras.ops.dot_product_attention` computes the attention unless
+    the weights are requested or attention dropout is active, where the
+    softmax is written out.
+
+    Args:
+        num_heads: h, the number of attention heads.
+        key_dim: d_k, the size of each head for queries and keys. Defaults to
+            d_model / num_heads, where d_model is the size of the query.
+        value_dim: d_v, the size of each head for values. Defaults to
+            `key_dim`.
+        dropout: dropout rate on the attention weights.
+        use_bias: whether the four projections have biases.
+        kernel_initializer: initializer of the projection kernels.
+        bias_initializer: initializer of the projection biases.
+        seed: seed of the attention dropout.
+        **kwargs: base layer arguments, such as `name` and `dtype`.
+
+    Call arguments:
+        query: `[B, T, d_model]`.
+        value: `[B, S, d_value]`. Ignored when `cache` holds precomputed
+            cross-attention keys and values.
+        key: `[B, S, d_key]`; defaults to `value`.
+        query_mask: boolean `[B, T]`, filled from the Keras mask of `query`.
+        value_mask: boolean `[B, S]`, filled from the Keras mask of `value`.
+            False marks padding that no query attends to.
+        key_mask: boolean `[B, S]`, filled from the Keras mask of `key`.
+        attention_mask: boolean `[B, T, S]`; True where query t may attend to
+            key s.
+        use_causal_mask: mask future positions, so that query t only attends
+            to keys s <= t (shifted by `cache_update_index` when caching).
+        return_attention_scores: also return the attention weights
+            `[B, num_heads, T, S]`.
+        training: whether attention dropout is active.
+        cache: a `(key, value)` pair of `[B, S_cache, num_heads, head_dim]`.
+            With `cache_update_index`, the keys and values of `value` are
+            written into it at that position (self-attention). Without, it is
+            used as it is (cross-attention).
+        cache_update_index: the position of the first query in the cache.
+
+    Returns:
+        `[B, T, d_model]`, then the attention weights if
+        `return_attention_scores`, then the updated `(key, value)` cache if
+        `cache` was given.
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        key_dim=None,
+        value_dim=None,
+        dropout=0.0,
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if not isinstance(num_heads, int) or num_heads < 1:
+            raise ValueError(
+                "`num_heads` must be a positive integer. "
+                f"Received: num_heads={num_heads}"
+            )
+        self.num_heads = num_heads
+        self.key_dim = key_dim
+        self.value_dim = value_dim
+        self.dropout = dropout
+        self.use_bias = use_bias
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.seed = seed
+        self.supports_masking = True
+
+    def _projection(self, equation, output_shape, bias_axes, name):
+        return keras.layers.EinsumDense(
+            equation,
+            output_shape=output_shape,
+            bias_axes=bias_axes if self.use_bias else None,
+            kernel_initializer=clone_initializer(self.kernel_initializer),
+            bias_initializer=clone_initializer(self.bias_initializer),
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def build(self, query_shape, value_shape, key_shape=None):
+        key_shape = value_shape if key_shape is None else key_shape
+        for name, shape in (
+            ("query", query_shape),
+            ("value", value_shape),
+            ("key", key_shape),
+        ):
+            if len(shape) != 3:
+                raise ValueError(
+                    f"`{name}` must have shape [batch, length, features]. "
+                    f"Received: {name}.shape={tuple(shape)}"
+                )
+        d_model = query_shape[-1]
+        if self.key_dim is None and d_model % self.num_heads != 0:
+            raise ValueError(
+                "d_model must be divisible by num_heads so that "
+                "d_k = d_model / num_heads is a whole number, or `key_dim` "
+                f"must be given. Received: d_model={d_model}, "
+                f"num_heads={self.num_heads}"
+            )
+        self._key_dim = self.key_dim or d_model // self.num_heads
+        self._value_dim = self.value_dim or self._key_dim
+        self._inverse_sqrt_key_dim = 1.0 / math.sqrt(self._key_dim)
+
+        # W^Q, W^K, W^V for all heads at once: [d, num_heads, head_dim].
+        self.query_dense = self._projection(
+            "btd,dnh->btnh", (None, self.num_heads, self._key_dim), "nh", "query"
+        )
+        self.query_dense.build(query_shape)
+        self.key_dense = self._projection(
+            "bsd,dnh->bsnh", (None, self.num_heads, self._key_dim), "nh", "key"
+        )
+        self.key_dense.build(key_shape)
+        self.value_dense = self._projection(
+            "bsd,dnh->bsnh",
+            (None, self.num_heads, self._value_dim),
+            "nh",
+            "value",
+        )
+        self.value_dense.build(value_shape)
+        # W^O maps the concatenated heads back to d_model.
+        self.output_dense = self._projection(
+            "btnh,nhd->btd", (None, d_model), "d", "attention_output"
+        )
+        self.output_dense.build(
+            (query_shape[0], query_shape[1], self.num_heads, self._value_dim)
+        )
+        self.attention_dropout = keras.layers.Dropout(
+            self.dropout, seed=self.seed, dtype=self.dtype_policy
+        )
+        self.built = True
+
+    def compute_key_value(self, value, key=None):
+        """Projects `key` and `value` once, for use as a cross-attention cache.
+
+        Returns:
+            `(key, value)`, each `[B, S, num_heads, head_dim]`.
+        """
+        key = value if key is None else key
+        return self.key_dense(key), self.value_dense(value)
+
+    def call(
+        self,
+        query,
+        value,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        use_causal_mask=False,
+        return_attention_scores=False,
+        training=None,
+        cache=None,
+        cache_update_index=None,
+    ):
+        query_heads = self.query_dense(query)  # [B, T, N, H]
+        if cache is not None and cache_update_index is None:
+            key_heads, value_heads = cache  # [B, S, N, H], computed once
+            value_length = ops.shape(key_heads)[1]
+        else:
+            key_heads, value_heads = self.compute_key_value(value, key)
+            if cache is not None:
+                start = [0, cache_update_index, 0, 0]
+                key_heads = ops.slice_update(cache[0], start, key_heads)
+                value_heads = ops.slice_update(cache[1], start, value_heads)
+                cache = (key_heads, value_heads)
+            value_length = ops.shape(key_heads)[1]
+
+        mask = self._compute_attention_mask(
+            query_length=ops.shape(query_heads)[1],
+            value_length=value_length,
+            query_mask=query_mask,
+            value_mask=value_mask,
+            key_mask=key_mask,
+            attention_mask=attention_mask,
+            use_causal_mask=use_causal_mask,
+            cache_update_index=cache_update_index,
+        )
+        attention_dropout_active = bool(training) and self.dropout > 0
+        if return_attention_scores or attention_dropout_active:
+            attended, scores = self._softmax_attention(
+                query_heads, key_heads, value_heads, mask, training
+            )
+        else:
+            attended = ops.dot_product_attention(
+                query_heads,
+                key_heads,
+                value_heads,
+                mask=None if mask is None else mask[:, None],  # [B, 1, T, S]
+                scale=self._inverse_sqrt_key_dim,
+            )
+            scores = None
+        if mask is not None:
+            # A query that may attend to no key (a padded query) attends to
+            # nothing, instead of to every key uniformly.
+            attends = ops.any(mask, axis=-1)[:, :, None, None]  # [B, T, 1, 1]
+            attended = attended * ops.cast(attends, attended.dtype)
+        output = self.output_dense(attended)  # [B, T, d_model]
+
+        outputs = (output,)
+        if return_attention_scores:
+            outputs += (scores,)
+        if cache is not None:
+            outputs += (cache,)
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def _softmax_attention(self, query, key, value, mask, training):
+        """softmax(Q K^T / sqrt(d_k)) V, written out to expose the weights."""
+        query = ops.multiply(
+            query, ops.cast(self._inverse_sqrt_key_dim, query.dtype)
+        )
+        scores = ops.einsum("btnh,bsnh->bnts", query, key)  # [B, N, T, S]
+        # The softmax runs in float32 so that float16 logits cannot overflow.
+        scores = ops.cast(scores, "float32")
+        if mask is not None:
+            scores = ops.where(mask[:, None], scores, -1e9)
+        weights = ops.softmax(scores, axis=-1)
+        if mask is not None:
+            weights = weights * ops.cast(mask[:, None], weights.dtype)
+        weights = ops.cast(weights, self.compute_dtype)
+        dropped_weights = self.attention_dropout(weights, training=training)
+        attended = ops.einsum("bnts,bsnh->btnh", dropped_weights, value)
+        return attended, weights
+
+    def _compute_attention_mask(
+        self,
+        query_length,
+        value_length,
+        query_mask,
+        value_mask,
+        key_mask,
+        attention_mask,
+        use_causal_mask,
+        cache_update_index,
+    ):
+        """Merges every mask into one boolean `[B or 1, T, S]`, or None."""
+        mask = None
+
+        def merge(new):
+            return new if mask is None else ops.logical_and(mask, new)
+
+        if query_mask is not None:
+            self._check_mask_shape("query_mask", query_mask, (query_length,))
+            mask = merge(ops.cast(query_mask, "bool")[:, :, None])
+        for name, padding_mask in (
+            ("value_mask", value_mask),
+            ("key_mask", key_mask),
+        ):
+            if padding_mask is not None:
+                self._check_mask_shape(name, padding_mask, (value_length,))
+                mask = merge(ops.cast(padding_mask, "bool")[:, None, :])
+        if use_causal_mask:
+            # Query t (at absolute position offset + t) sees keys s <= t.
+            offset = 0 if cache_update_index is None else cache_update_index
+            query_positions = ops.arange(query_length) + offset
+            key_positions = ops.arange(value_length)
+            causal = ops.less_equal(
+                key_positions[None, :], query_positions[:, None]
+            )
+            mask = merge(causal[None])
+        if attention_mask is not None:
+            self._check_mask_shape(
+                "attention_mask", attention_mask, (query_length, value_length)
+            )
+            mask = merge(ops.cast(attention_mask, "bool"))
+        return mask
+
+    @staticmethod
+    def _check_mask_shape(name, mask, expected_tail):
+        shape = tuple(mask.shape)
+        expected = ("batch",) + tuple(expected_tail)
+        wrong_rank = len(shape) != len(expected)
+        wrong_size = not wrong_rank and any(
+            isinstance(got, int) and isinstance(want, int) and got != want
+            for got, want in zip(shape[1:], expected_tail)
+        )
+        if wrong_rank or wrong_size:
+            raise ValueError(
+                f"`{name}` must have shape {expected}. Received: "
+                f"{name}.shape={shape}"
+            )
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "key_dim": self.key_dim,
+                "value_dim": self.value_dim,
+                "dropout": self.dropout,
+                "use_bias": self.use_bias,
+                "kernel_initializer": keras.initializers.serialize(
+                    self.kernel_initializer
+                ),
+                "bias_initializer": keras.initializers.serialize(
+                    self.bias_initializer
+                ),
+                "seed": self.seed,
+            }
+        )
+        return config

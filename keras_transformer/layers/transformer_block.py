@@ -1,0 +1,102 @@
+"""What the encoder and decoder blocks share: arguments, config, sub-layers."""
+
+import keras
+
+from keras_transformer.layers.feed_forward import PositionwiseFeedForward
+from keras_transformer.layers.multi_head_attention import MultiHeadAttention
+from keras_transformer.layers.utils import clone_initializer
+
+
+class TransformerBlock(keras.layers.Layer):
+    """Base of `TransformerEncoderBlock` and `TransformerDecoderBlock`.
+
+    Args:
+        num_heads: h, the number of attention heads.
+        d_ff: the inner size of the feed-forward network.
+        dropout: P_drop, applied to the output of each sub-layer before the
+            residual addition (section 5.4).
+        attention_dropout: dropout on the attention weights. The paper does
+            not use it.
+        normalize_first: False for the paper's post-LN,
+            LayerNorm(x + Sublayer(x)); True for pre-LN,
+            x + Sublayer(LayerNorm(x)), which trains more stably in deep or
+            large-learning-rate settings. A pre-LN stack needs a final
+            LayerNorm, which the model adds.
+        layer_norm_epsilon: epsilon of the LayerNorms.
+        kernel_initializer: initializer of all projection kernels.
+        bias_initializer: initializer of all projection biases.
+        **kwargs: base layer arguments, such as `name` and `dtype`.
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        d_ff,
+        dropout=0.1,
+        attention_dropout=0.0,
+        normalize_first=False,
+        layer_norm_epsilon=1e-6,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = num_heads
+        self.d_ff = d_ff
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.normalize_first = normalize_first
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+
+    def _attention(self, name):
+        return MultiHeadAttention(
+            self.num_heads,
+            dropout=self.attention_dropout,
+            kernel_initializer=clone_initializer(self.kernel_initializer),
+            bias_initializer=clone_initializer(self.bias_initializer),
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def _feed_forward(self):
+        return PositionwiseFeedForward(
+            self.d_ff,
+            kernel_initializer=clone_initializer(self.kernel_initializer),
+            bias_initializer=clone_initializer(self.bias_initializer),
+            dtype=self.dtype_policy,
+            name="feed_forward",
+        )
+
+    def _norm(self, name, inputs_shape):
+        norm = keras.layers.LayerNormalization(
+            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
+        )
+        norm.build(inputs_shape)
+        return norm
+
+    def _dropout(self, name):
+        return keras.layers.Dropout(
+            self.dropout, dtype=self.dtype_policy, name=name
+        )
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "d_ff": self.d_ff,
+                "dropout": self.dropout,
+                "attention_dropout": self.attention_dropout,
+                "normalize_first": self.normalize_first,
+                "layer_norm_epsilon": self.layer_norm_epsilon,
+                "kernel_initializer": keras.initializers.serialize(
+                    self.kernel_initializer
+                ),
+                "bias_initializer": keras.initializers.serialize(
+                    self.bias_initializer
+                ),
+            }
+        )
+        return config

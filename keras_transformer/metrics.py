@@ -1,0 +1,78 @@
+"""Token-level metrics that ignore padding."""
+
+import keras
+from keras import ops
+
+from keras_transformer.losses import non_padding_mask, token_log_probabilities
+
+
+class _TokenMetric(keras.metrics.Metric):
+    """Accumulates a per-token quantity and the count of real tokens.
+
+    Subclasses define `per_token(y_true, y_pred) -> [B, T]` and `result()`.
+    """
+
+    def __init__(self, padding_id=0, name=None, **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.padding_id = padding_id
+        self.total = self.add_variable(
+            shape=(), initializer="zeros", dtype="float32", name="total"
+        )
+        self.count = self.add_variable(
+            shape=(), initializer="zeros", dtype="float32", name="count"
+        )
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        mask = non_padding_mask(y_true, self.padding_id)
+        if sample_weight is not None:
+            mask = mask * ops.cast(sample_weight, "float32")
+        self.total.assign_add(ops.sum(self.per_token(y_true, y_pred) * mask))
+        self.count.assign_add(ops.sum(mask))
+
+    def mean(self):
+        return self.total / ops.maximum(self.count, 1.0)
+
+    def reset_state(self):
+        self.total.assign(0.0)
+        self.count.assign(0.0)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"padding_id": self.padding_id})
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class MaskedTokenAccuracy(_TokenMetric):
+    """The fraction of non-padding tokens whose argmax logit is the label."""
+
+    def __init__(self, padding_id=0, name="masked_token_accuracy", **kwargs):
+        super().__init__(padding_id=padding_id, name=name, **kwargs)
+
+    def per_token(self, y_true, y_pred):
+        predictions = ops.argmax(y_pred, axis=-1)
+        return ops.cast(
+            ops.equal(ops.cast(y_true, predictions.dtype), predictions),
+            "float32",
+        )
+
+    def result(self):
+        return self.mean()
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class Perplexity(_TokenMetric):
+    """exp of the mean negative log-likelihood of the non-padding labels.
+
+    Computed on the unsmoothed distribution, as the paper reports it.
+    """
+
+    def __init__(self, padding_id=0, name="perplexity", **kwargs):
+        super().__init__(padding_id=padding_id, name=name, **kwargs)
+
+    def per_token(self, y_true, y_pred):
+        label_log_probs, _ = token_log_probabilities(y_true, y_pred)
+        return -label_log_probs
+
+    def result(self):
+        return ops.exp(self.mean())

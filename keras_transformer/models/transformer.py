@@ -1,0 +1,345 @@
+"""The encoder-decoder Transformer of section 3, as a Functional model."""
+
+import inspect
+
+import keras
+from keras import ops
+
+from keras_transformer.checks import TokenIdCheck
+from keras_transformer.layers import SinusoidalPositionEncoding
+from keras_transformer.layers import TokenEmbedding
+from keras_transformer.layers import TransformerDecoderBlock
+from keras_transformer.layers import TransformerEncoderBlock
+from keras_transformer.models.presets import PRESETS
+
+PADDING_ID = 0
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class Transformer(keras.Model):
+    """The Transformer of "Attention Is All You Need" (Vaswani et al., 2017).
+
+    A Functional model from `{"source_ids": [B, S], "target_ids": [B, T]}` to
+    next-token logits `[B, T, vocabulary_size]` (float32). `target_ids` is the
+    target shifted right (it starts with BOS), so the logits at position t
+    predict target token t. Id 0 is padding in both inputs.
+
+    Each input is embedded (section 3.4), scaled by sqrt(d_model), added to
+    the sinusoidal position encoding (section 3.5), and passed through
+    dropout. A stack of `num_layers` encoder blocks encodes the source; a
+    stack of decoder blocks attends to it and to the earlier target
+    positions. The logits are the decoder output times the transposed
+    embedding matrix, which the source embedding, the target embedding and
+    this projection share by default.
+
+    For decoding, `encode`, `initial_cache` and `decode_step` run the same
+    layers one target position at a time, caching keys and values.
+
+    Args:
+        vocabulary_size: the size of the (shared) vocabulary.
+        num_layers: N, the number of blocks in each stack.
+        d_model: the size of every embedding and sub-layer output.
+        d_ff: the inner size of the feed-forward networks.
+        num_heads: h, the number of attention heads.
+        dropout: P_drop, on the embedding sums and on every sub-layer output.
+        attention_dropout: dropout on the attention weights (not in the
+            paper).
+        normalize_first: pre-LN blocks, with a final LayerNorm after each
+            stack, instead of the paper's post-LN.
+        share_embeddings: one matrix for the source embedding, the target
+            embedding and the output projection (section 3.4). False gives
+            each its own.
+        layer_norm_epsilon: epsilon of every LayerNorm.
+        dtype: the dtype policy, such as `"mixed_bfloat16"`.
+        **kwargs: base model arguments, such as `name`.
+    """
+
+    def __init__(
+        self,
+        vocabulary_size,
+        num_layers=6,
+        d_model=512,
+        d_ff=2048,
+        num_heads=8,
+        dropout=0.1,
+        attention_dropout=0.0,
+        normalize_first=False,
+        share_embeddings=True,
+        layer_norm_epsilon=1e-6,
+        dtype=None,
+        **kwargs,
+    ):
+        if d_model % num_heads != 0:
+            raise ValueError(
+                "d_model must be divisible by num_heads, so that every head "
+                f"has d_k = d_model / num_heads. Received: d_model={d_model}, "
+                f"num_heads={num_heads}"
+            )
+
+        # === Layers ===
+        self.source_id_check = TokenIdCheck(
+            vocabulary_size, "source_ids", name="source_id_check"
+        )
+        self.target_id_check = TokenIdCheck(
+            vocabulary_size, "target_ids", name="target_id_check"
+        )
+        if share_embeddings:
+            shared = TokenEmbedding(
+                vocabulary_size, d_model, dtype=dtype, name="token_embedding"
+            )
+            self.source_embedding = shared
+            self.target_embedding = shared
+            self.output_projection = shared
+        else:
+            self.source_embedding = TokenEmbedding(
+                vocabulary_size, d_model, dtype=dtype, name="source_embedding"
+            )
+            self.target_embedding = TokenEmbedding(
+                vocabulary_size, d_model, dtype=dtype, name="target_embedding"
+            )
+            self.output_projection = TokenEmbedding(
+                vocabulary_size, d_model, dtype=dtype, name="output_projection"
+            )
+        self.position_encoding = SinusoidalPositionEncoding(
+            dtype=dtype, name="position_encoding"
+        )
+        self.source_dropout = keras.layers.Dropout(
+            dropout, dtype=dtype, name="source_dropout"
+        )
+        self.target_dropout = keras.layers.Dropout(
+            dropout, dtype=dtype, name="target_dropout"
+        )
+        block_arguments = {
+            "num_heads": num_heads,
+            "d_ff": d_ff,
+            "dropout": dropout,
+            "attention_dropout": attention_dropout,
+            "normalize_first": normalize_first,
+            "layer_norm_epsilon": layer_norm_epsilon,
+            "dtype": dtype,
+        }
+        self.encoder_blocks = [
+            TransformerEncoderBlock(**block_arguments, name=f"encoder_block_{i}")
+            for i in range(num_layers)
+        ]
+        self.decoder_blocks = [
+            TransformerDecoderBlock(**block_arguments, name=f"decoder_block_{i}")
+            for i in range(num_layers)
+        ]
+        # A pre-LN stack ends on an unnormalized residual sum.
+        self.encoder_norm = self.decoder_norm = None
+        if normalize_first:
+            self.encoder_norm = keras.layers.LayerNormalization(
+                epsilon=layer_norm_epsilon, dtype=dtype, name="encoder_norm"
+            )
+            self.decoder_norm = keras.layers.LayerNormalization(
+                epsilon=layer_norm_epsilon, dtype=dtype, name="decoder_norm"
+            )
+
+        # === Functional model ===
+        source_ids = keras.Input(shape=(None,), dtype="int32", name="source_ids")
+        target_ids = keras.Input(shape=(None,), dtype="int32", name="target_ids")
+        encoder_output, encoder_padding_mask = self._encode(
+            self.source_id_check(source_ids)
+        )
+        checked_target_ids = self.target_id_check(target_ids)
+        x = self._embed(self.target_embedding, checked_target_ids)
+        x = self.target_dropout(x)
+        decoder_padding_mask = ops.not_equal(checked_target_ids, PADDING_ID)
+        for block in self.decoder_blocks:
+            x = block(
+                x,
+                encoder_output,
+                decoder_padding_mask=decoder_padding_mask,
+                encoder_padding_mask=encoder_padding_mask,
+            )
+        logits = self._logits(x)
+        super().__init__(
+            inputs={"source_ids": source_ids, "target_ids": target_ids},
+            outputs=logits,
+            dtype=dtype,
+            **kwargs,
+        )
+
+        # === Config ===
+        self.vocabulary_size = vocabulary_size
+        self.num_layers = num_layers
+        self.d_model = d_model
+        self.d_ff = d_ff
+        self.num_heads = num_heads
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.normalize_first = normalize_first
+        self.share_embeddings = share_embeddings
+        self.layer_norm_epsilon = layer_norm_epsilon
+
+    def __setattr__(self, name, value):
+        # The layers are made before `super().__init__()`, whose Functional
+        # graph then tracks them. Until that init has made the tracker, set
+        # attributes plainly: torch's nn.Module refuses sublayers before its
+        # own init has run.
+        if "_tracker" not in self.__dict__:
+            return object.__setattr__(self, name, value)
+        return super().__setattr__(name, value)
+
+    def _embed(self, embedding, ids, start_index=0):
+        """E[ids] * sqrt(d_model) + PE, section 3.5."""
+        x = embedding(ids)
+        return x + self.position_encoding(x, start_index=start_index)
+
+    def _encode(self, source_ids, training=None):
+        encoder_padding_mask = ops.not_equal(source_ids, PADDING_ID)
+        x = self._embed(self.source_embedding, source_ids)
+        x = self.source_dropout(x, training=training)
+        for block in self.encoder_blocks:
+            x = block(x, padding_mask=encoder_padding_mask, training=training)
+        if self.encoder_norm is not None:
+            x = self.encoder_norm(x)
+        return x, encoder_padding_mask
+
+    def _logits(self, x):
+        if self.decoder_norm is not None:
+            x = self.decoder_norm(x)
+        # float32 logits keep the softmax and the loss exact under mixed
+        # precision.
+        return ops.cast(self.output_projection(x, reverse=True), "float32")
+
+    def encode(self, source_ids, training=False):
+        """Runs the encoder stack alone.
+
+        Args:
+            source_ids: int `[B, S]`, 0 at padding.
+            training: whether dropout is active.
+
+        Returns:
+            `(encoder_output [B, S, d_model], encoder_padding_mask [B, S])`.
+        """
+        return self._encode(self.source_id_check(source_ids), training=training)
+
+    def initial_cache(self, encoder_output, max_length):
+        """The decoding cache before the first target position.
+
+        Self-attention keys and values start as zeros, in buffers of
+        `max_length` positions that `decode_step` fills one position at a
+        time. Cross-attention keys and values are computed from the encoder
+        output here, once per sentence.
+
+        Args:
+            encoder_output: `[B, S, d_model]` from `encode`.
+            max_length: the most target positions that will be decoded.
+
+        Returns:
+            A list with one dict per decoder block, holding
+            `"self_attention"` and `"cross_attention"` `(key, value)` pairs of
+            `[B, max_length or S, num_heads, d_model / num_heads]`. Every
+            tensor has the batch as its first dimension, so a beam search can
+            reorder the cache with one gather per tensor.
+        """
+        batch_size = ops.shape(encoder_output)[0]
+        head_dim = self.d_model // self.num_heads
+        empty = ops.zeros(
+            (batch_size, max_length, self.num_heads, head_dim),
+            dtype=self.compute_dtype,
+        )
+        return [
+            {
+                "self_attention": (empty, empty),
+                "cross_attention": block.compute_cross_attention_cache(
+                    encoder_output
+                ),
+            }
+            for block in self.decoder_blocks
+        ]
+
+    def decode_step(self, target_ids, cache, index, encoder_padding_mask):
+        """Logits for target positions `index, index + 1, ...`, from the cache.
+
+        The prefix is not recomputed: the self-attention of each block reads
+        the cached keys and values of positions < `index` and writes those of
+        the new positions.
+
+        Args:
+            target_ids: int `[B, t]`, the target tokens at positions
+                `index .. index + t - 1` (t is 1 when decoding step by step).
+            cache: from `initial_cache` or the previous `decode_step`.
+            index: the position of the first of `target_ids` (an int or a
+                scalar tensor).
+            encoder_padding_mask: boolean `[B, S]` from `encode`.
+
+        Returns:
+            `(logits [B, t, vocabulary_size], cache)`.
+        """
+        x = self._embed(self.target_embedding, target_ids, start_index=index)
+        updated_cache = []
+        for block, block_cache in zip(self.decoder_blocks, cache):
+            x, self_attention_cache = block(
+                x,
+                encoder_padding_mask=encoder_padding_mask,
+                self_attention_cache=block_cache["self_attention"],
+                self_attention_cache_update_index=index,
+                cross_attention_cache=block_cache["cross_attention"],
+                training=False,
+            )
+            updated_cache.append(
+                {
+                    "self_attention": self_attention_cache,
+                    "cross_attention": block_cache["cross_attention"],
+                }
+            )
+        return self._logits(x), updated_cache
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "trainable": self.trainable,
+            "dtype": keras.dtype_policies.serialize(self.dtype_policy),
+            "vocabulary_size": self.vocabulary_size,
+            "num_layers": self.num_layers,
+            "d_model": self.d_model,
+            "d_ff": self.d_ff,
+            "num_heads": self.num_heads,
+            "dropout": self.dropout,
+            "attention_dropout": self.attention_dropout,
+            "normalize_first": self.normalize_first,
+            "share_embeddings": self.share_embeddings,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        if isinstance(config.get("dtype"), dict):
+            config["dtype"] = keras.dtype_policies.deserialize(config["dtype"])
+        return cls(**config)
+
+
+def build_transformer(preset="base", **overrides):
+    """Builds a `Transformer` from a preset of Table 3, with any field changed.
+
+    Args:
+        preset: `"base"`, `"big"` or `"tiny"`; see `PRESETS`.
+        **overrides: `Transformer` arguments that replace the preset's, such
+            as `vocabulary_size=8000` or `dtype="mixed_bfloat16"`.
+
+    Returns:
+        A `Transformer`, which is a `keras.Model`.
+
+    Example:
+        >>> model = build_transformer("base", vocabulary_size=37000)
+    """
+    if preset not in PRESETS:
+        raise ValueError(
+            f"Unknown preset. Expected one of {sorted(PRESETS)}. "
+            f"Received: preset={preset!r}"
+        )
+    accepted = set(inspect.signature(Transformer.__init__).parameters) - {
+        "self",
+        "kwargs",
+    } | {"name"}
+    unknown = sorted(set(overrides) - accepted)
+    if unknown:
+        raise ValueError(
+            f"Unknown Transformer argument(s) {unknown}. Expected some of "
+            f"{sorted(accepted)}. Received: overrides={overrides}"
+        )
+    return Transformer(**(PRESETS[preset] | overrides))
