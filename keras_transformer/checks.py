@@ -32,7 +32,9 @@ def assert_token_ids_in_range(ids, vocabulary_size, input_name="token_ids"):
     Works eagerly and inside compiled functions: a graph assertion under
     TensorFlow, a host callback under `jax.jit`, a plain check under torch.
     TensorFlow's XLA compiler (`jit_compile=True`) drops graph assertions, so
-    the check does not run there.
+    the check does not run there. Under JAX, an error raised inside Keras's
+    compiled `fit`/`predict` loop leaves that model's variables unusable in
+    the process (Keras does not restore them); reload it from a checkpoint.
 
     Returns:
         `ids`, unchanged, carrying a dependency on the check in TF graphs.

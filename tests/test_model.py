@@ -1,0 +1,167 @@
+import keras
+import numpy as np
+import pytest
+
+import keras_transformer as kt
+from keras_transformer.models import PRESETS
+
+from conftest import random_ids, to_numpy
+
+V = 40
+
+
+@pytest.fixture
+def model():
+    return kt.build_transformer("tiny", vocabulary_size=V)
+
+
+@pytest.fixture
+def batch(rng):
+    source_ids = random_ids(rng, (3, 7), V)
+    source_ids[0, 5:] = 0
+    source_ids[1, 3:] = 0
+    target_ids = random_ids(rng, (3, 6), V)
+    target_ids[:, 0] = 1
+    return {"source_ids": source_ids, "target_ids": target_ids}
+
+
+def test_maps_ids_to_float32_next_token_logits(model, batch):
+    logits = model(batch)
+    assert tuple(logits.shape) == (3, 6, V)
+    assert keras.backend.standardize_dtype(logits.dtype) == "float32"
+    assert [i.name for i in model.inputs] == ["source_ids", "target_ids"] or sorted(
+        model.input
+    ) == ["source_ids", "target_ids"]
+
+
+def test_changing_later_target_tokens_leaves_earlier_logits(model, batch, rng):
+    logits = to_numpy(model(batch))
+    for i in range(5):
+        changed = dict(batch, target_ids=batch["target_ids"].copy())
+        changed["target_ids"][:, i + 1 :] = random_ids(rng, (3, 5 - i), V)
+        changed_logits = to_numpy(model(changed))
+        np.testing.assert_allclose(changed_logits[:, : i + 1], logits[:, : i + 1], atol=1e-5)
+
+
+def test_source_padding_does_not_change_any_output(model, batch):
+    """More padding after a source, or none, gives the same logits."""
+    logits = to_numpy(model(batch))
+    padded = dict(
+        batch,
+        source_ids=np.concatenate([batch["source_ids"], np.zeros((3, 9), "int32")], 1),
+    )
+    np.testing.assert_allclose(to_numpy(model(padded)), logits, atol=1e-5)
+    encoded, mask = model.encode(batch["source_ids"])
+    encoded_padded, _ = model.encode(padded["source_ids"])
+    real = to_numpy(mask)
+    np.testing.assert_allclose(
+        to_numpy(encoded_padded)[:, :7][real], to_numpy(encoded)[real], atol=1e-5
+    )
+    # Row 1 alone, unpadded, decodes the same as inside the padded batch.
+    alone = {"source_ids": batch["source_ids"][1:2, :3], "target_ids": batch["target_ids"][1:2]}
+    np.testing.assert_allclose(to_numpy(model(alone))[0], logits[1], atol=1e-5)
+
+
+def test_target_padding_does_not_change_real_positions(model, batch):
+    logits = to_numpy(model(batch))
+    padded = dict(
+        batch,
+        target_ids=np.concatenate([batch["target_ids"], np.zeros((3, 4), "int32")], 1),
+    )
+    np.testing.assert_allclose(to_numpy(model(padded))[:, :6], logits, atol=1e-5)
+
+
+def test_cached_decoding_equals_full_recomputation(model, batch):
+    logits = to_numpy(model(batch))
+    encoder_output, encoder_padding_mask = model.encode(batch["source_ids"])
+    cache = model.initial_cache(encoder_output, max_length=6)
+    for index in range(6):
+        step_logits, cache = model.decode_step(
+            batch["target_ids"][:, index : index + 1], cache, index, encoder_padding_mask
+        )
+        np.testing.assert_allclose(to_numpy(step_logits)[:, 0], logits[:, index], atol=1e-5)
+
+
+def test_dropout_is_applied_to_the_embedding_sums(batch):
+    model = kt.build_transformer("tiny", vocabulary_size=V, dropout=0.5, num_layers=1)
+    inference = to_numpy(model(batch))
+    np.testing.assert_allclose(to_numpy(model(batch, training=False)), inference, atol=1e-6)
+    assert np.abs(to_numpy(model(batch, training=True)) - inference).max() > 1e-3
+
+
+@pytest.mark.parametrize("preset, paper_count", [("base", 65e6), ("big", 213e6)])
+def test_parameter_count_matches_the_paper(preset, paper_count):
+    model = kt.build_transformer(preset, vocabulary_size=37000)
+    assert abs(model.count_params() - paper_count) / paper_count < 0.05
+
+
+def test_presets_are_table_3():
+    assert PRESETS["base"] | {} == {
+        "vocabulary_size": 37000, "num_layers": 6, "d_model": 512,
+        "d_ff": 2048, "num_heads": 8, "dropout": 0.1,
+    }
+    assert (PRESETS["big"]["d_model"], PRESETS["big"]["d_ff"]) == (1024, 4096)
+    assert (PRESETS["big"]["num_heads"], PRESETS["big"]["dropout"]) == (16, 0.3)
+
+
+def test_overrides_replace_preset_fields():
+    model = kt.build_transformer("tiny", vocabulary_size=50, num_layers=1, d_model=32)
+    assert (model.vocabulary_size, model.num_layers, model.d_model) == (50, 1, 32)
+    assert len(model.encoder_blocks) == len(model.decoder_blocks) == 1
+
+
+def test_one_shared_embedding_matrix_or_three():
+    shared = kt.build_transformer("tiny", vocabulary_size=V)
+    separate = kt.build_transformer("tiny", vocabulary_size=V, share_embeddings=False)
+    def embedding_matrices(model):
+        return [w for w in model.weights if tuple(w.shape) == (V, 64)]
+    assert len(embedding_matrices(shared)) == 1
+    assert len(embedding_matrices(separate)) == 3
+    assert separate.count_params() - shared.count_params() == 2 * V * 64
+
+
+def test_pre_ln_model_adds_final_norms(batch):
+    model = kt.build_transformer("tiny", vocabulary_size=V, normalize_first=True)
+    assert model.encoder_norm is not None and model.decoder_norm is not None
+    assert tuple(model(batch).shape) == (3, 6, V)
+
+
+def test_mixed_precision_gives_float32_logits(batch):
+    model = kt.build_transformer("tiny", vocabulary_size=V, dtype="mixed_bfloat16")
+    logits = model(batch)
+    assert keras.backend.standardize_dtype(logits.dtype) == "float32"
+    assert np.isfinite(to_numpy(logits)).all()
+
+
+def test_unknown_preset_is_rejected():
+    with pytest.raises(ValueError, match=r"Expected one of \['base', 'big', 'tiny'\]. Received: preset='small'"):
+        kt.build_transformer("small")
+
+
+def test_unknown_override_is_rejected():
+    with pytest.raises(ValueError, match=r"Unknown Transformer argument\(s\) \['num_layer'\]"):
+        kt.build_transformer("tiny", num_layer=3)
+
+
+def test_d_model_not_divisible_by_heads_is_rejected():
+    with pytest.raises(ValueError, match=r"d_model=64, num_heads=5"):
+        kt.build_transformer("tiny", num_heads=5)
+
+
+@pytest.mark.parametrize("name, bad_id", [("source_ids", V), ("target_ids", -1), ("source_ids", 1000)])
+def test_ids_outside_the_vocabulary_are_rejected(model, batch, name, bad_id):
+    bad = {k: v.copy() for k, v in batch.items()}
+    bad[name][0, 1] = bad_id
+    with pytest.raises(ValueError, match=rf"`{name}` holds 1 token id\(s\) outside the vocabulary.*= {bad_id}, expected 0 <= id < vocabulary_size={V}"):
+        model(bad)
+
+
+def test_ids_outside_the_vocabulary_are_rejected_in_compiled_steps(model, batch):
+    """`predict` runs a compiled function: tf.function, jax.jit or torch."""
+    assert model.predict(batch, verbose=0).shape == (3, 6, V)
+    bad = {k: v.copy() for k, v in batch.items()}
+    bad["target_ids"][2, 3] = V + 5
+    # TensorFlow names the input in an InvalidArgumentError, JAX in a
+    # JaxRuntimeError, torch in a ValueError.
+    with pytest.raises(Exception, match=r"`target_ids` holds (1 )?token id"):
+        model.predict(bad, verbose=0)

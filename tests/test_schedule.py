@@ -1,0 +1,65 @@
+import keras
+import numpy as np
+import pytest
+
+from keras_transformer.optimizers import transformer_adam
+from keras_transformer.schedules import TransformerSchedule
+
+from conftest import to_numpy
+
+
+def paper_rate(step_num, d_model=512, warmup_steps=4000):
+    return d_model**-0.5 * min(step_num**-0.5, step_num * warmup_steps**-1.5)
+
+
+@pytest.mark.parametrize("step_num", [1, 4000, 100000])
+def test_matches_the_formula(step_num):
+    schedule = TransformerSchedule(d_model=512)
+    # The optimizer's update `iterations` is the paper's step_num - 1.
+    rate = float(to_numpy(schedule(step_num - 1)))
+    assert rate == pytest.approx(paper_rate(step_num), rel=1e-6)
+
+
+def test_peaks_at_the_warmup_step():
+    schedule = TransformerSchedule(d_model=512, warmup_steps=4000)
+    iterations = np.arange(0, 20000)
+    rates = to_numpy(schedule(keras.ops.convert_to_tensor(iterations)))
+    assert int(np.argmax(rates)) + 1 == 4000
+    assert np.all(np.diff(rates[:3999]) > 0) and np.all(np.diff(rates[3999:]) < 0)
+    np.testing.assert_allclose(rates, [paper_rate(i + 1) for i in iterations], rtol=1e-5)
+
+
+def test_paper_adam_takes_its_first_step_at_step_num_1():
+    optimizer = transformer_adam(d_model=64, warmup_steps=10)
+    assert (optimizer.beta_1, optimizer.beta_2, optimizer.epsilon) == (0.9, 0.98, 1e-9)
+    variable = keras.Variable(np.zeros(3, "float32"))
+    optimizer.build([variable])
+    assert float(to_numpy(optimizer.learning_rate)) == pytest.approx(
+        paper_rate(1, 64, 10), rel=1e-6
+    )
+    # Adam's first update moves each weight by the learning rate itself.
+    optimizer.apply_gradients([(keras.ops.convert_to_tensor([0.5, -2.0, 3.0]), variable)])
+    np.testing.assert_allclose(
+        to_numpy(variable), -np.sign([0.5, -2.0, 3.0]) * paper_rate(1, 64, 10), rtol=1e-4
+    )
+    assert float(to_numpy(optimizer.learning_rate)) == pytest.approx(
+        paper_rate(2, 64, 10), rel=1e-6
+    )
+
+
+def test_round_trips_through_config_and_the_optimizer():
+    schedule = TransformerSchedule(d_model=256, warmup_steps=100)
+    clone = keras.optimizers.schedules.deserialize(
+        keras.optimizers.schedules.serialize(schedule)
+    )
+    assert isinstance(clone, TransformerSchedule)
+    assert (clone.d_model, clone.warmup_steps) == (256, 100)
+    optimizer = keras.optimizers.deserialize(
+        keras.optimizers.serialize(transformer_adam(256, 100))
+    )
+    assert float(to_numpy(optimizer.learning_rate)) == pytest.approx(paper_rate(1, 256, 100))
+
+
+def test_rejects_non_positive_arguments():
+    with pytest.raises(ValueError, match="Received: d_model=0, warmup_steps=4000"):
+        TransformerSchedule(d_model=0)
