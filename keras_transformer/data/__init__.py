@@ -1,5 +1,28 @@
-"""From data to model-ready batches."""
+"""From parallel text to model-ready batches.
 
+- `read_parallel_text`, `read_tfds`: sentence pairs, with what was skipped.
+- `SubwordTokenizer`: the shared subword vocabulary, on TF graph ops.
+- `make_dataset`: token-bucketed `tf.data` batches for `model.fit`.
+- `builtin_corpus`: a generated English-German corpus that needs no data.
+- `reversal_task`: a synthetic task to check that a model learns at all.
+"""
+
+from keras_transformer.data.builtin import builtin_corpus
+from keras_transformer.data.corpus import ParallelCorpus
+from keras_transformer.data.corpus import read_parallel_text
+from keras_transformer.data.corpus import read_tfds
+from keras_transformer.data.pipeline import batch_statistics
+from keras_transformer.data.pipeline import make_dataset
 from keras_transformer.data.synthetic import reversal_task
+from keras_transformer.data.tokenizer import SubwordTokenizer
 
-__all__ = ["reversal_task"]
+__all__ = [
+    "ParallelCorpus",
+    "SubwordTokenizer",
+    "batch_statistics",
+    "builtin_corpus",
+    "make_dataset",
+    "read_parallel_text",
+    "read_tfds",
+    "reversal_task",
+]

@@ -159,7 +159,10 @@ class MultiHeadAttention(keras.layers.Layer):
             (query_shape[0], query_shape[1], self.num_heads, self._value_dim)
         )
         self.attention_dropout = keras.layers.Dropout(
-            self.dropout, seed=self.seed, dtype=self.dtype_policy
+            self.dropout,
+            seed=self.seed,
+            dtype=self.dtype_policy,
+            name="attention_dropout",
         )
         self.built = True
 
@@ -190,7 +193,6 @@ class MultiHeadAttention(keras.layers.Layer):
         query_heads = self.query_dense(query)  # [B, T, N, H]
         if cache is not None and cache_update_index is None:
             key_heads, value_heads = cache  # [B, S, N, H], computed once
-            value_length = ops.shape(key_heads)[1]
         else:
             key_heads, value_heads = self.compute_key_value(value, key)
             if cache is not None:
@@ -198,11 +200,10 @@ class MultiHeadAttention(keras.layers.Layer):
                 key_heads = ops.slice_update(cache[0], start, key_heads)
                 value_heads = ops.slice_update(cache[1], start, value_heads)
                 cache = (key_heads, value_heads)
-            value_length = ops.shape(key_heads)[1]
 
         mask = self._compute_attention_mask(
             query_length=ops.shape(query_heads)[1],
-            value_length=value_length,
+            value_length=ops.shape(key_heads)[1],
             query_mask=query_mask,
             value_mask=value_mask,
             key_mask=key_mask,

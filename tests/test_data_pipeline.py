@@ -1,0 +1,123 @@
+import os
+
+import keras
+import numpy as np
+import pytest
+
+import keras_transformer as kt
+from keras_transformer.data import SubwordTokenizer
+from keras_transformer.data import batch_statistics
+from keras_transformer.data import builtin_corpus
+from keras_transformer.data import make_dataset
+from keras_transformer.data import read_parallel_text
+from keras_transformer.data.pipeline import bucket_lengths
+
+from conftest import MULTI30K, needs_multi30k
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return builtin_corpus("train", size=2000, seed=1)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(corpus):
+    return SubwordTokenizer.train(corpus, vocabulary_size=500)
+
+
+def batches(dataset):
+    return [(x["source_ids"].numpy(), x["target_ids"].numpy(), y.numpy()) for x, y in dataset]
+
+
+def test_every_pair_arrives_once_with_bos_eos_and_shifted_targets(corpus, tokenizer):
+    seen_sources, seen_targets = [], []
+    for source_ids, target_ids, labels in batches(make_dataset(corpus, tokenizer, 1024, seed=0)):
+        assert source_ids.dtype == target_ids.dtype == labels.dtype == np.int32
+        assert target_ids.shape == labels.shape
+        assert (target_ids[:, 0] == tokenizer.bos_id).all()
+        real = labels != 0
+        # The decoder input is the labels shifted right by one.
+        next_real = real[:, 1:]
+        np.testing.assert_array_equal(target_ids[:, 1:][next_real], labels[:, :-1][next_real])
+        assert ((target_ids != 0) == real).all()
+        lengths = real.sum(1)
+        assert (labels[np.arange(len(labels)), lengths - 1] == tokenizer.eos_id).all()
+        source_lengths = (source_ids != 0).sum(1)
+        assert (source_ids[np.arange(len(source_ids)), source_lengths - 1] == tokenizer.eos_id).all()
+        seen_sources += [s.decode() for s in tokenizer.detokenize(source_ids).numpy()]
+        seen_targets += [t.decode() for t in tokenizer.detokenize(labels).numpy()]
+    assert sorted(zip(seen_sources, seen_targets)) == sorted(corpus)
+
+
+def test_batches_hold_the_token_budget(corpus, tokenizer):
+    budget = 600
+    sizes = []
+    for source_ids, target_ids, _ in batches(make_dataset(corpus, tokenizer, budget, repeat=True).take(40)):
+        padded = max(source_ids.size, target_ids.size)
+        assert padded <= budget
+        sizes.append(padded)
+    # With `repeat`, every batch is full: within 10% of the budget.
+    assert min(sizes) >= 0.9 * budget
+    stats = batch_statistics(make_dataset(corpus, tokenizer, budget, seed=0), budget)
+    assert stats["pairs"] == len(corpus)
+    assert stats["full_batches_within_10_percent"] == 1.0
+    assert 0.0 < stats["padding_fraction"] < 0.15
+
+
+def test_shapes_come_from_a_few_bucket_lengths(corpus, tokenizer):
+    lengths = set(bucket_lengths(256))
+    for source_ids, target_ids, _ in batches(make_dataset(corpus, tokenizer, 1024)):
+        assert source_ids.shape[1] in lengths and target_ids.shape[1] in lengths
+
+
+def test_long_pairs_are_left_out(corpus, tokenizer):
+    stats = batch_statistics(make_dataset(corpus, tokenizer, 1024, max_length=12), 1024)
+    assert 0 < stats["pairs"] < len(corpus)
+    for source_ids, target_ids, _ in batches(make_dataset(corpus, tokenizer, 1024, max_length=12)):
+        assert source_ids.shape[1] <= 12 and target_ids.shape[1] <= 12
+
+
+def test_shuffling_is_seeded_and_changes_each_epoch(corpus, tokenizer):
+    def first_batch(dataset):
+        return next(iter(dataset))[0]["source_ids"].numpy()
+
+    assert np.array_equal(
+        first_batch(make_dataset(corpus, tokenizer, 512, seed=3)),
+        first_batch(make_dataset(corpus, tokenizer, 512, seed=3)),
+    )
+    dataset = make_dataset(corpus, tokenizer, 512, seed=3)
+    epochs = [first_batch(dataset) for _ in range(2)]
+    assert epochs[0].shape != epochs[1].shape or not np.array_equal(*epochs)
+    ordered = [b[0] for b in batches(make_dataset(corpus, tokenizer, 512, shuffle=False))]
+    again = [b[0] for b in batches(make_dataset(corpus, tokenizer, 512, shuffle=False))]
+    assert all(np.array_equal(a, b) for a, b in zip(ordered, again))
+
+
+def test_bad_arguments_are_reported(corpus, tokenizer):
+    with pytest.raises(ValueError, match="Received: 0 pairs"):
+        make_dataset(corpus[:0], tokenizer, 1024)
+    with pytest.raises(ValueError, match="tokens_per_batch=100, max_length=256"):
+        make_dataset(corpus, tokenizer, 100)
+
+
+def test_feeds_model_fit(corpus, tokenizer):
+    model = kt.build_transformer("tiny", vocabulary_size=tokenizer.vocabulary_size, num_layers=1)
+    model.compile(
+        optimizer=kt.optimizers.transformer_adam(64, warmup_steps=50),
+        loss=kt.losses.LabelSmoothedCrossEntropy(),
+        metrics=[kt.metrics.MaskedTokenAccuracy()],
+    )
+    dataset = make_dataset(corpus[:600], tokenizer, 1024, seed=0)
+    history = model.fit(dataset, epochs=2, verbose=0)
+    losses = history.history["loss"]
+    assert np.isfinite(losses).all() and losses[1] < losses[0]
+
+
+@needs_multi30k
+def test_multi30k_batches_are_full_and_little_padded():
+    corpus = read_parallel_text(os.path.join(MULTI30K, "train.en"), os.path.join(MULTI30K, "train.de"))
+    tokenizer = SubwordTokenizer.train(corpus, vocabulary_size=8000)
+    stats = batch_statistics(make_dataset(corpus, tokenizer, 4096, seed=0), 4096)
+    assert stats["pairs"] == len(corpus) == 29000
+    assert stats["padding_fraction"] < 0.15
+    assert stats["full_batches_within_10_percent"] == 1.0

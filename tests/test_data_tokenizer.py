@@ -1,0 +1,102 @@
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_transformer.data import SubwordTokenizer
+from keras_transformer.data import read_parallel_text
+
+from conftest import MULTI30K, needs_multi30k
+
+TRAINING_TEXT = [
+    "Ein Mann fährt mit dem Fahrrad durch die Stadt.",
+    "A man rides a bicycle through the city.",
+    "Zwei Hunde spielen im Garten.",
+    "Two dogs play in the garden.",
+] * 40
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return SubwordTokenizer.train(TRAINING_TEXT, vocabulary_size=360)
+
+
+def test_round_trip_is_exact_even_for_unseen_characters(tokenizer):
+    lines = [
+        "Zwei Hunde spielen im Garten.",
+        "Two  spaces,\ta tab, and trailing space ",
+        "Straße, Ärger, naïve café — “quotes” 日本語 🙂",
+        "Numbers 12345 and 3.14",
+    ]
+    ids = tokenizer.tokenize(lines)
+    assert [text.decode() for text in tokenizer.detokenize(ids).numpy()] == lines
+    # Characters never seen in training become bytes, not <unk>.
+    assert tokenizer.unknown_id not in ids.flat_values.numpy()
+
+
+def test_special_ids_are_fixed_and_dropped_by_detokenize(tokenizer):
+    assert (tokenizer.padding_id, tokenizer.unknown_id, tokenizer.bos_id, tokenizer.eos_id) == (0, 1, 2, 3)
+    ids = tokenizer.tokenize("Two dogs play.").numpy()
+    assert not set(ids) & {0, 2, 3}
+    padded = np.concatenate([[tokenizer.bos_id], ids, [tokenizer.eos_id, 0, 0]])
+    assert tokenizer.detokenize(padded[None]).numpy()[0].decode() == "Two dogs play."
+
+
+def test_shared_vocabulary_covers_both_languages(tokenizer):
+    """Words of either language get merged pieces, not one per character."""
+    for word in ("Garten", "garden", "spielen", "through"):
+        assert len(tokenizer.tokenize(word).numpy()) <= len(word) / 2, word
+    pieces = [p.decode() for p in tokenizer.id_to_piece(tokenizer.tokenize("Garten garden")).numpy()]
+    assert "".join(pieces).replace("▁", " ").strip() == "Garten garden"
+
+
+def test_trains_on_pairs_too():
+    pairs = list(zip(TRAINING_TEXT[1::2], TRAINING_TEXT[::2]))
+    from_pairs = SubwordTokenizer.train(pairs, vocabulary_size=320)
+    from_texts = SubwordTokenizer.train(TRAINING_TEXT[1::2] + TRAINING_TEXT[::2], vocabulary_size=320)
+    assert from_pairs.proto == from_texts.proto
+
+
+def test_save_and_load(tokenizer, tmp_path):
+    tokenizer.save(tmp_path / "vocab")
+    loaded = SubwordTokenizer.load(tmp_path / "vocab")
+    assert loaded.vocabulary_size == tokenizer.vocabulary_size == 360
+    np.testing.assert_array_equal(
+        loaded.tokenize("Ein Mann fährt.").numpy(), tokenizer.tokenize("Ein Mann fährt.").numpy()
+    )
+    with pytest.raises(FileNotFoundError, match="No tokenizer in .*: expected subword.model"):
+        SubwordTokenizer.load(tmp_path / "nowhere")
+    (tmp_path / "vocab" / "subword.json").write_text('{"vocabulary_size": 999}')
+    with pytest.raises(ValueError, match="vocabulary_size=999, but .* has 360 pieces"):
+        SubwordTokenizer.load(tmp_path / "vocab")
+
+
+def test_runs_in_tf_data_and_in_graphs(tokenizer):
+    eager = tokenizer.tokenize(["Zwei Hunde.", "Two dogs."])
+    mapped = list(
+        tf.data.Dataset.from_tensor_slices(["Zwei Hunde.", "Two dogs."]).map(tokenizer.tokenize)
+    )
+    assert [m.numpy().tolist() for m in mapped] == eager.to_list()
+    graph = tf.function(lambda s: tokenizer.detokenize(tokenizer.tokenize(s)))
+    assert graph(tf.constant(["Zwei Hunde."])).numpy()[0] == b"Zwei Hunde."
+
+
+def test_too_large_a_vocabulary_or_no_text_is_reported():
+    with pytest.raises(ValueError, match="could not train a vocabulary of 100000 bpe tokens on 4 sentences"):
+        SubwordTokenizer.train(TRAINING_TEXT[:4], vocabulary_size=100000)
+    with pytest.raises(ValueError, match="Received: no text"):
+        SubwordTokenizer.train(["", "  "], vocabulary_size=300)
+
+
+@needs_multi30k
+def test_multi30k_vocabulary_round_trips_every_line():
+    corpus = read_parallel_text(
+        os.path.join(MULTI30K, "train.en"), os.path.join(MULTI30K, "train.de")
+    )
+    tokenizer = SubwordTokenizer.train(corpus, vocabulary_size=8000)
+    assert tokenizer.vocabulary_size == 8000
+    lines = corpus.texts()
+    restored = tokenizer.detokenize(tokenizer.tokenize(lines)).numpy()
+    exact = np.mean([r.decode() == line for r, line in zip(restored, lines)])
+    assert exact >= 0.999
