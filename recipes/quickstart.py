@@ -86,6 +86,8 @@ def kind_of(english):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--train-size", type=int, default=20000)
+    parser.add_argument("--valid-size", type=int, default=500)
+    parser.add_argument("--test-size", type=int, default=500)
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--tokens-per-batch", type=int, default=2048)
     parser.add_argument("--vocabulary-size", type=int, default=800)
@@ -97,8 +99,8 @@ def main():
     print(f"Backend: {keras.backend.backend()}")
     start = time.time()
     train_corpus = builtin_corpus("train", size=args.train_size, seed=args.seed)
-    valid_corpus = builtin_corpus("valid", seed=args.seed)
-    test_corpus = builtin_corpus("test", seed=args.seed)
+    valid_corpus = builtin_corpus("valid", size=args.valid_size, seed=args.seed)
+    test_corpus = builtin_corpus("test", size=args.test_size, seed=args.seed)
     print(f"Built-in corpus: {len(train_corpus)} train, {len(valid_corpus)} valid, {len(test_corpus)} test pairs")
     for english, german in train_corpus[:2]:
         print(f"  {english}  ->  {german}")

@@ -17,6 +17,8 @@ def test_quickstart_runs_end_to_end(tmp_path):
             sys.executable,
             os.path.join(ROOT, "recipes", "quickstart.py"),
             "--train-size", "400",
+            "--valid-size", "50",
+            "--test-size", "50",
             "--epochs", "1",
             "--vocabulary-size", "500",
             "--model-dir", str(tmp_path / "model"),

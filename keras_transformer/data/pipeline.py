@@ -40,9 +40,10 @@ def make_dataset(
     the source gets EOS, the decoder input is BOS + target (the target
     shifted right), and the labels are target + EOS. Pairs are grouped by
     length into buckets; a batch of bucket b holds `tokens_per_batch // b`
-    pairs, each side padded with 0 to at most b tokens, so a batch of
-    padded source (or target) ids never exceeds `tokens_per_batch`. The last
-    batch of each bucket in an epoch is smaller unless `repeat` is set.
+    pairs, each side padded with 0 to b tokens, so a batch of padded source
+    (or target) ids never exceeds `tokens_per_batch`, and the full batches of
+    a bucket share one shape. The last batch of each bucket in an epoch is
+    smaller unless `repeat` is set.
 
     Args:
         corpus: a `ParallelCorpus`, or any sequence of (source, target)
@@ -116,19 +117,17 @@ def make_dataset(
     )
     padded_lengths = tf.constant(lengths, tf.int32)
 
-    def pad_to_bucket_length(ids):
-        length = tf.shape(ids)[1]
-        padded = tf.gather(padded_lengths, tf.searchsorted(padded_lengths, [length]))[0]
-        return tf.pad(ids, [[0, 0], [0, padded - length]])
-
     def to_model_inputs(source_ids, target_ids, labels):
-        return (
-            {
-                "source_ids": pad_to_bucket_length(source_ids),
-                "target_ids": pad_to_bucket_length(target_ids),
-            },
-            pad_to_bucket_length(labels),
-        )
+        # Both sides are padded to the bucket's length, so every full batch
+        # of a bucket has one shape, and XLA and jax.jit compile one program
+        # per bucket (plus one for its last, smaller batch of an epoch).
+        longest = tf.maximum(tf.shape(source_ids)[1], tf.shape(target_ids)[1])
+        padded = tf.gather(padded_lengths, tf.searchsorted(padded_lengths, [longest]))[0]
+
+        def pad(ids):
+            return tf.pad(ids, [[0, 0], [0, padded - tf.shape(ids)[1]]])
+
+        return {"source_ids": pad(source_ids), "target_ids": pad(target_ids)}, pad(labels)
 
     return dataset.map(to_model_inputs, num_parallel_calls=tf.data.AUTOTUNE).prefetch(
         tf.data.AUTOTUNE
@@ -141,8 +140,8 @@ def batch_statistics(dataset, tokens_per_batch, max_batches=None):
     Returns:
         A dict: `batches`; `pairs`; `real_tokens` and `padded_tokens` (both
         sides); `padding_fraction` (padding / padded tokens);
-        `full_batch_fill` (the mean padded size of the larger side over the
-        budget, among batches holding the bucket's full number of pairs);
+        `full_batch_fill` (the mean padded size of a side over the budget,
+        among batches holding their bucket's full number of pairs);
         and `full_batches_within_10_percent` (their share whose larger side
         holds 90% to 100% of the budget).
     """
@@ -151,13 +150,13 @@ def batch_statistics(dataset, tokens_per_batch, max_batches=None):
     for inputs, labels in dataset.take(max_batches or -1):
         source = inputs["source_ids"].numpy()
         target = labels.numpy()
-        batch_size, bucket = source.shape[0], max(source.shape[1], target.shape[1])
+        rows = source.shape[0]
         real += int((source != 0).sum() + (target != 0).sum())
         padded += source.size + target.size
-        pairs += batch_size
+        pairs += rows
         batches += 1
-        if batch_size == tokens_per_batch // bucket:
-            fills.append(batch_size * bucket / tokens_per_batch)
+        if rows == tokens_per_batch // source.shape[1]:
+            fills.append(source.size / tokens_per_batch)
     fills = np.array(fills)
     return {
         "batches": batches,
