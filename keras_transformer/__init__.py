@@ -6,12 +6,14 @@
 
 from keras_transformer import checks
 from keras_transformer import data
+from keras_transformer import decoding
 from keras_transformer import layers
 from keras_transformer import losses
 from keras_transformer import metrics
 from keras_transformer import models
 from keras_transformer import optimizers
 from keras_transformer import schedules
+from keras_transformer import training
 from keras_transformer.models import Transformer
 from keras_transformer.models import build_transformer
 
@@ -22,10 +24,12 @@ __all__ = [
     "build_transformer",
     "checks",
     "data",
+    "decoding",
     "layers",
     "losses",
     "metrics",
     "models",
     "optimizers",
     "schedules",
+    "training",
 ]

@@ -67,7 +67,12 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
             + self.label_smoothing * mean_log_probs
         )
         mask = non_padding_mask(y_true, self.padding_id)
-        return ops.sum(per_token * mask) / ops.maximum(ops.sum(mask), 1.0)
+        # Keras reduces these values to their mean over all B * T positions
+        # (and scales it for distributed training). Weighting real tokens by
+        # (B * T) / real_tokens makes that mean the mean over real tokens.
+        positions = ops.cast(ops.size(mask), "float32")
+        weights = mask * positions / ops.maximum(ops.sum(mask), 1.0)
+        return per_token * weights
 
     def get_config(self):
         config = super().get_config()

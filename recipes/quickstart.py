@@ -26,6 +26,7 @@ from keras_transformer.data import builtin_corpus
 from keras_transformer.data import make_dataset
 from keras_transformer.data.builtin import ADVERBS
 from keras_transformer.data.builtin import SUBORDINATORS
+from keras_transformer.decoding import greedy_translate
 
 
 def train(train_corpus, valid_corpus, tokenizer, epochs, tokens_per_batch):
@@ -45,32 +46,6 @@ def train(train_corpus, valid_corpus, tokenizer, epochs, tokens_per_batch):
         verbose=2,
     )
     return model, history
-
-
-def greedy_translate(model, tokenizer, sentences, max_extra_length=10, batch_size=100):
-    """Decodes one token at a time from the cache, picking the argmax."""
-    translations = []
-    for start in range(0, len(sentences), batch_size):
-        batch = sentences[start : start + batch_size]
-        ids = tokenizer.tokenize(batch)
-        ids = ids.to_tensor()  # padded with 0
-        source_ids = np.pad(ids.numpy(), [(0, 0), (0, 1)])
-        source_ids[np.arange(len(batch)), (source_ids != 0).sum(1)] = tokenizer.eos_id
-        max_length = source_ids.shape[1] + max_extra_length
-        encoder_output, encoder_padding_mask = model.encode(source_ids)
-        cache = model.initial_cache(encoder_output, max_length)
-        tokens = np.full((len(batch), 1), tokenizer.bos_id, "int32")
-        outputs = np.zeros((len(batch), max_length), "int32")
-        finished = np.zeros(len(batch), bool)
-        for index in range(max_length):
-            logits, cache = model.decode_step(tokens, cache, index, encoder_padding_mask)
-            tokens = np.argmax(keras.ops.convert_to_numpy(logits), -1).astype("int32")
-            outputs[:, index] = np.where(finished, 0, tokens[:, 0])
-            finished |= tokens[:, 0] == tokenizer.eos_id
-            if finished.all():
-                break
-        translations += [t.decode("utf-8") for t in tokenizer.detokenize(outputs).numpy()]
-    return translations
 
 
 def kind_of(english):
@@ -118,7 +93,9 @@ def main():
     tokenizer.save(args.model_dir)
     print(f"Saved the model and its vocabulary in {args.model_dir}")
 
-    hypotheses = greedy_translate(model, tokenizer, list(test_corpus.sources))
+    hypotheses = greedy_translate(
+        model, tokenizer, list(test_corpus.sources), max_extra_length=10
+    )
     references = list(test_corpus.targets)
     for english, german in list(zip(test_corpus.sources, hypotheses))[:3]:
         print(f"  {english}\n    -> {german}")

@@ -37,3 +37,8 @@ MULTI30K = os.path.join(SHARED_DATA, "multi30k")
 needs_multi30k = pytest.mark.skipif(
     not os.path.isdir(MULTI30K), reason="../shared/data/multi30k is not beside this clone"
 )
+
+WMT14 = os.path.join(SHARED_DATA, "wmt14")
+needs_wmt14 = pytest.mark.skipif(
+    not os.path.isdir(WMT14), reason="../shared/data/wmt14 is not beside this clone"
+)

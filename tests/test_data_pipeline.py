@@ -93,6 +93,25 @@ def test_shuffling_is_seeded_and_changes_each_epoch(corpus, tokenizer):
     assert all(np.array_equal(a, b) for a, b in zip(ordered, again))
 
 
+def test_a_seeded_endless_stream_is_the_same_for_every_iterator(corpus, tokenizer):
+    """Resuming a run re-creates the iterator; the batches must not change."""
+    dataset = make_dataset(corpus, tokenizer, 512, repeat=True, seed=5, max_length=32)
+
+    def first(count, skip=0):
+        return [x["source_ids"].numpy() for x, _ in dataset.skip(skip).take(count)]
+
+    reference = first(12)
+    for _ in range(3):
+        iter(dataset)  # iterators made in between change nothing
+    again = first(12)
+    assert all(np.array_equal(a, b) for a, b in zip(reference, again))
+    resumed = first(4, skip=8)
+    assert all(np.array_equal(a, b) for a, b in zip(reference[8:], resumed))
+    # Passes over the data are shuffled differently.
+    other = [x["source_ids"].numpy() for x, _ in make_dataset(corpus, tokenizer, 512, repeat=True, seed=6, max_length=32).take(12)]
+    assert not all(a.shape == b.shape and np.array_equal(a, b) for a, b in zip(reference, other))
+
+
 def test_bad_arguments_are_reported(corpus, tokenizer):
     with pytest.raises(ValueError, match="Received: 0 pairs"):
         make_dataset(corpus[:0], tokenizer, 1024)

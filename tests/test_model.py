@@ -126,11 +126,16 @@ def test_pre_ln_model_adds_final_norms(batch):
     assert tuple(model(batch).shape) == (3, 6, V)
 
 
-def test_mixed_precision_gives_float32_logits(batch):
+def test_mixed_precision_gives_float32_logits_and_decodes(batch):
     model = kt.build_transformer("tiny", vocabulary_size=V, dtype="mixed_bfloat16")
+    assert model.dtype_policy.name == "mixed_bfloat16"
     logits = model(batch)
     assert keras.backend.standardize_dtype(logits.dtype) == "float32"
     assert np.isfinite(to_numpy(logits)).all()
+    encoder_output, mask = model.encode(batch["source_ids"])
+    cache = model.initial_cache(encoder_output, max_length=6)
+    step_logits, _ = model.decode_step(batch["target_ids"][:, :1], cache, 0, mask)
+    np.testing.assert_allclose(to_numpy(step_logits)[:, 0], to_numpy(logits)[:, 0], atol=0.1)
 
 
 def test_unknown_preset_is_rejected():

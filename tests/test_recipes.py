@@ -6,7 +6,10 @@ import subprocess
 import sys
 
 import keras
+
 import keras_transformer as kt
+
+from conftest import WMT14, needs_wmt14
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,3 +38,52 @@ def test_quickstart_runs_end_to_end(tmp_path):
     model = keras.saving.load_model(tmp_path / "model" / "model.keras")
     tokenizer = kt.data.SubwordTokenizer.load(tmp_path / "model")
     assert model.vocabulary_size == tokenizer.vocabulary_size == 500
+
+
+WMT14_RECIPE = os.path.join(ROOT, "recipes", "wmt14_en_de.py")
+
+
+def run_wmt14(*args, backend=None):
+    return subprocess.run(
+        [sys.executable, WMT14_RECIPE, *map(str, args)],
+        env=dict(os.environ, KERAS_BACKEND=backend or keras.backend.backend()),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+@needs_wmt14
+def test_wmt14_recipe_runs_offline_and_resumes(tmp_path):
+    common = [
+        "--data-dir", WMT14, "--preset", "tiny", "--tokens-per-batch", "2048",
+        "--vocabulary-size", "2000", "--checkpoint-every", "2", "--average", "2",
+        "--test-size", "8", "--model-dir", tmp_path / "run",
+    ]
+    first = run_wmt14(*common, "--train-steps", "2")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "sacrebleu signature: nrefs:1|case:mixed|eff:no|tok:13a" in first.stdout
+    assert (tmp_path / "run" / "averaged.keras").is_file()
+    assert (tmp_path / "run" / "test_bleu.txt").read_text().startswith("BLEU = ")
+    # The same model dir is refused without --resume ...
+    refused = run_wmt14(*common, "--train-steps", "4")
+    assert refused.returncode != 0
+    assert "already holds a run" in refused.stderr and "--resume" in refused.stderr
+    # ... and continued with it, from step 2 to step 4.
+    resumed = run_wmt14(*common, "--train-steps", "4", "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    steps = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert steps == ["ckpt-00000002.keras", "ckpt-00000004.keras"]
+
+
+def test_wmt14_recipe_reports_bad_input(tmp_path):
+    unknown_preset = run_wmt14("--preset", "huge", "--model-dir", tmp_path / "a")
+    assert unknown_preset.returncode != 0 and "invalid choice: 'huge'" in unknown_preset.stderr
+    unknown_backend = run_wmt14("--model-dir", tmp_path / "a", backend="mxnet")
+    assert unknown_backend.returncode != 0
+    assert "Unknown KERAS_BACKEND='mxnet'" in unknown_backend.stderr
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "newstest2013.en").write_text("x\n")
+    no_files = run_wmt14("--data-dir", tmp_path / "data", "--model-dir", tmp_path / "b")
+    assert no_files.returncode != 0
+    assert "lacks WMT14 files" in no_files.stderr and "Missing: newstest2008.en[.gz]" in no_files.stderr

@@ -4,6 +4,7 @@
 - `SubwordTokenizer`: the shared subword vocabulary, on TF graph ops.
 - `make_dataset`: token-bucketed `tf.data` batches for `model.fit`.
 - `builtin_corpus`: a generated English-German corpus that needs no data.
+- `read_wmt14`: the paper's WMT14 En-De, from TFDS or local files.
 - `reversal_task`: a synthetic task to check that a model learns at all.
 """
 
@@ -15,6 +16,7 @@ from keras_transformer.data.pipeline import batch_statistics
 from keras_transformer.data.pipeline import make_dataset
 from keras_transformer.data.synthetic import reversal_task
 from keras_transformer.data.tokenizer import SubwordTokenizer
+from keras_transformer.data.wmt14 import read_wmt14
 
 __all__ = [
     "ParallelCorpus",
@@ -24,5 +26,6 @@ __all__ = [
     "make_dataset",
     "read_parallel_text",
     "read_tfds",
+    "read_wmt14",
     "reversal_task",
 ]

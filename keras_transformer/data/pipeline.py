@@ -29,6 +29,7 @@ def make_dataset(
     max_length=256,
     repeat=False,
     seed=None,
+    batch_multiple=1,
 ):
     """Batches of sentence pairs sized by token count, for `model.fit`.
 
@@ -55,7 +56,13 @@ def make_dataset(
             (EOS included) are left out.
         repeat: repeat the data without end, so that every batch is full;
             `model.fit` then needs `steps_per_epoch`.
-        seed: the shuffle seed.
+        seed: the shuffle seed. With `repeat=True`, a seed makes the stream
+            of batches the same for every iterator over it, which is what
+            resuming a run needs.
+        batch_multiple: make the number of pairs in a full batch a multiple
+            of this, such as the number of data-parallel replicas, which
+            must divide the batch. Use it with `repeat=True`, whose batches
+            are all full.
 
     Returns:
         A `tf.data.Dataset` of `({"source_ids", "target_ids"}, labels)`,
@@ -70,11 +77,29 @@ def make_dataset(
             f"max_length={max_length}"
         )
     sources, targets = zip(*corpus)
-    dataset = tf.data.Dataset.from_tensor_slices((list(sources), list(targets)))
-    if shuffle:
-        dataset = dataset.shuffle(len(sources), seed=seed)
-    if repeat:
-        dataset = dataset.repeat()
+    pairs = tf.data.Dataset.from_tensor_slices((list(sources), list(targets)))
+    if repeat and shuffle and seed is not None:
+        # Pass p over the data is shuffled by a stateless permutation of
+        # seed (seed, p) alone. Every iterator then yields the same batches,
+        # however many were made before it, so a run resumed after a crash
+        # and `dataset.skip(steps)` see what an uninterrupted run saw.
+        source_texts = tf.constant(list(sources))
+        target_texts = tf.constant(list(targets))
+
+        def shuffled_pass(index):
+            order = tf.random.experimental.stateless_shuffle(
+                tf.range(len(sources), dtype=tf.int64),
+                seed=tf.stack([tf.constant(seed, tf.int64), index]),
+            )
+            return tf.data.Dataset.from_tensor_slices(order).map(
+                lambda i: (tf.gather(source_texts, i), tf.gather(target_texts, i))
+            )
+
+        dataset = tf.data.Dataset.range(2**62).flat_map(shuffled_pass)
+    else:
+        dataset = pairs.shuffle(len(sources), seed=seed) if shuffle else pairs
+        if repeat:
+            dataset = dataset.repeat()
 
     def to_ids(sources, targets):
         """Tokenizes a chunk of pairs; returns ragged [chunk, None] ids."""
@@ -113,7 +138,10 @@ def make_dataset(
     dataset = dataset.bucket_by_sequence_length(
         pair_length,
         bucket_boundaries=[length + 1 for length in lengths[:-1]],
-        bucket_batch_sizes=[tokens_per_batch // length for length in lengths],
+        bucket_batch_sizes=[
+            max(batch_multiple, tokens_per_batch // length // batch_multiple * batch_multiple)
+            for length in lengths
+        ],
     )
     padded_lengths = tf.constant(lengths, tf.int32)
 

@@ -161,6 +161,11 @@ class Transformer(keras.Model):
             **kwargs,
         )
 
+        # The Functional init does not keep `dtype`; the model's own policy
+        # decides the cache dtype and, in `compile_model`, loss scaling.
+        if dtype is not None:
+            self.dtype_policy = keras.dtype_policies.get(dtype)
+
         # === Config ===
         self.vocabulary_size = vocabulary_size
         self.num_layers = num_layers

@@ -1,0 +1,106 @@
+"""The paper's WMT14 English-German data, from TFDS or from local files."""
+
+import os
+
+from keras_transformer.data.corpus import ParallelCorpus
+from keras_transformer.data.corpus import read_parallel_text
+from keras_transformer.data.corpus import read_tfds
+
+# With no train.en/train.de, the WMT news test sets make a small offline
+# setup: the older sets train, newstest2013 validates (the paper's
+# development set) and newstest2014 tests (the paper's test set).
+OFFLINE_SPLITS = {
+    "train": [
+        "newstest2008",
+        "newstest2009",
+        "newstest2010",
+        "newstest2011",
+        "newstest2012",
+        "newssyscomb2009",
+    ],
+    "valid": ["newstest2013"],
+    "test": ["newstest2014"],
+}
+STANDARD_SPLITS = {"train": ["train"], "valid": ["valid"], "test": ["test"]}
+
+
+def _concatenate(corpora, name):
+    return ParallelCorpus(
+        sum((c.sources for c in corpora), ()),
+        sum((c.targets for c in corpora), ()),
+        name=name,
+        skipped_empty=sum(c.skipped_empty for c in corpora),
+        filtered_too_long=sum(c.filtered_too_long for c in corpora),
+    )
+
+
+def read_wmt14(data_dir=None, max_length=None, source_language="en", target_language="de"):
+    """Train, validation and test corpora for WMT14 English-German.
+
+    With `data_dir`, reads `{train,valid,test}.{en,de}` (each maybe `.gz`)
+    from it; or, when it has no `train.en`, the WMT news test sets
+    (newstest2008-2012 and newssyscomb2009 to train, newstest2013 to
+    validate, newstest2014 to test), as in `../shared/data/wmt14`. Without
+    `data_dir`, reads TFDS `wmt14_translate/de-en` (train, validation, test).
+
+    Args:
+        data_dir: a folder of parallel text files, or None for TFDS.
+        max_length: drop training pairs with a side longer than this many
+            words. Validation and test sets are kept whole.
+        source_language: the source file suffix.
+        target_language: the target file suffix.
+
+    Returns:
+        A dict of `ParallelCorpus`: `"train"`, `"valid"`, `"test"`.
+    """
+    if data_dir is None:
+        return {
+            split: read_tfds(
+                split=tfds_split,
+                source_language=source_language,
+                target_language=target_language,
+                max_length=max_length if split == "train" else None,
+            )
+            for split, tfds_split in (
+                ("train", "train"),
+                ("valid", "validation"),
+                ("test", "test"),
+            )
+        }
+
+    def find(stem, language):
+        for name in (f"{stem}.{language}", f"{stem}.{language}.gz"):
+            if os.path.isfile(os.path.join(data_dir, name)):
+                return os.path.join(data_dir, name)
+        return None
+
+    layout = STANDARD_SPLITS if find("train", source_language) else OFFLINE_SPLITS
+    missing = [
+        f"{stem}.{language}[.gz]"
+        for stems in layout.values()
+        for stem in stems
+        for language in (source_language, target_language)
+        if find(stem, language) is None
+    ]
+    if missing:
+        raise FileNotFoundError(
+            f"{data_dir} lacks WMT14 files. Looked for either "
+            f"{{train,valid,test}}.{{{source_language},{target_language}}} or the news "
+            f"test sets {', '.join(sum(OFFLINE_SPLITS.values(), []))} (each "
+            f".{source_language} and .{target_language}, maybe .gz). Missing: "
+            + ", ".join(missing)
+        )
+    return {
+        split: _concatenate(
+            [
+                read_parallel_text(
+                    find(stem, source_language),
+                    find(stem, target_language),
+                    max_length=max_length if split == "train" else None,
+                )
+                for stem in stems
+            ],
+            name=f"{data_dir}:{split}",
+        )
+        for split, stems in layout.items()
+    }

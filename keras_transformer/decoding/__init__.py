@@ -1,0 +1,5 @@
+"""Decoding with the cached decoder."""
+
+from keras_transformer.decoding.greedy import greedy_translate
+
+__all__ = ["greedy_translate"]

@@ -1,0 +1,27 @@
+"""Training as in the paper: compile, distribute, checkpoint, resume, average.
+
+    distribution = training.Distribution()
+    with distribution.scope():
+        model = training.compile_model(build_transformer("base", vocabulary_size=v))
+    model = training.fit(model, make_dataset(..., repeat=True), "runs/base", 100000)
+"""
+
+from keras_transformer.training.checkpoints import SaveCheckpoints
+from keras_transformer.training.checkpoints import average_checkpoints
+from keras_transformer.training.checkpoints import list_checkpoints
+from keras_transformer.training.checkpoints import restore_latest
+from keras_transformer.training.distribution import Distribution
+from keras_transformer.training.trainer import StopOnNonFiniteLoss
+from keras_transformer.training.trainer import compile_model
+from keras_transformer.training.trainer import fit
+
+__all__ = [
+    "Distribution",
+    "SaveCheckpoints",
+    "StopOnNonFiniteLoss",
+    "average_checkpoints",
+    "compile_model",
+    "fit",
+    "list_checkpoints",
+    "restore_latest",
+]

@@ -1,0 +1,125 @@
+"""Checkpoints every N steps, resumption after a crash, and averaging."""
+
+import glob
+import os
+import re
+
+import keras
+import numpy as np
+
+CHECKPOINT_PATTERN = "ckpt-{step:08d}.keras"
+
+
+def list_checkpoints(directory):
+    """The `.keras` checkpoints in `directory`, oldest step first."""
+    paths = glob.glob(os.path.join(directory, "ckpt-*.keras"))
+    return sorted(paths, key=checkpoint_step)
+
+
+def checkpoint_step(path):
+    """The training step a checkpoint was written at."""
+    match = re.search(r"ckpt-(\d+)\.keras$", os.path.basename(path))
+    if match is None:
+        raise ValueError(
+            f"Not a checkpoint name: expected ckpt-<step>.keras. Received: {path}"
+        )
+    return int(match.group(1))
+
+
+class SaveCheckpoints(keras.callbacks.Callback):
+    """Writes the model with its optimizer state at the end of each epoch.
+
+    `keras_transformer.training.fit` makes an epoch one checkpoint interval,
+    so this writes every `checkpoint_every` steps. A checkpoint is written to
+    a temporary file and renamed, so a crash mid-write leaves the previous
+    checkpoints whole. Only the newest `keep` are kept.
+
+    Args:
+        directory: where `ckpt-<step>.keras` files go.
+        keep: how many checkpoints to keep (at least the number to average).
+    """
+
+    def __init__(self, directory, keep=5):
+        super().__init__()
+        self.directory = directory
+        self.keep = keep
+
+    def on_epoch_end(self, epoch, logs=None):
+        os.makedirs(self.directory, exist_ok=True)
+        step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+        path = os.path.join(self.directory, CHECKPOINT_PATTERN.format(step=step))
+        temporary = path + ".partial.keras"
+        self.model.save(temporary)
+        os.replace(temporary, path)
+        for old in list_checkpoints(self.directory)[: -self.keep]:
+            os.remove(old)
+
+
+def restore_latest(model, directory):
+    """The newest checkpoint in `directory` as a compiled model, or None.
+
+    The checkpoint must hold the same architecture as `model`: resuming a
+    different model from it would silently train the wrong thing.
+    """
+    checkpoints = list_checkpoints(directory)
+    if not checkpoints:
+        return None
+    restored = keras.saving.load_model(checkpoints[-1])
+    expected = _architecture(model)
+    found = _architecture(restored)
+    if expected != found:
+        differences = {
+            key: (found.get(key), expected.get(key))
+            for key in sorted(set(expected) | set(found))
+            if expected.get(key) != found.get(key)
+        }
+        raise ValueError(
+            f"{directory} holds checkpoints of a different model, so "
+            "training cannot resume from it; use another model directory. "
+            "Differences (checkpoint, requested): "
+            + ", ".join(f"{k}={a!r} vs {b!r}" for k, (a, b) in differences.items())
+        )
+    return restored
+
+
+def _architecture(model):
+    config = dict(model.get_config())
+    for key in ("name", "trainable", "dtype"):
+        config.pop(key, None)
+    return config
+
+
+def average_checkpoints(paths):
+    """The element-wise mean of the weights of several checkpoints.
+
+    Section 6.1: "For the base models, we used a single model obtained by
+    averaging the last 5 checkpoints ... For the big models, we averaged the
+    last 20 checkpoints."
+
+    Args:
+        paths: `.keras` checkpoints of one architecture.
+
+    Returns:
+        The model of the last checkpoint, holding the averaged weights.
+    """
+    if not paths:
+        raise ValueError("Averaging needs at least one checkpoint. Received: []")
+    models = [keras.saving.load_model(path) for path in paths]
+    weights = [model.get_weights() for model in models]
+    shapes = [[w.shape for w in ws] for ws in weights]
+    if any(s != shapes[0] for s in shapes):
+        raise ValueError(
+            "Checkpoints to average must hold the same architecture. "
+            f"Received: {list(paths)}"
+        )
+    # Float weights are averaged; integer state (dropout seed generators)
+    # comes from the last checkpoint.
+    averaged = [
+        np.mean(np.stack(tensors), axis=0).astype(tensors[-1].dtype)
+        if np.issubdtype(tensors[-1].dtype, np.floating)
+        else tensors[-1]
+        for tensors in zip(*weights)
+    ]
+    model = models[-1]
+    model.set_weights(averaged)
+    return model

@@ -1,0 +1,130 @@
+"""Training as in the paper, around plain `model.fit`."""
+
+import math
+import os
+
+import keras
+import numpy as np
+
+from keras_transformer.losses import LabelSmoothedCrossEntropy
+from keras_transformer.metrics import MaskedTokenAccuracy
+from keras_transformer.metrics import Perplexity
+from keras_transformer.optimizers import transformer_adam
+from keras_transformer.training.checkpoints import SaveCheckpoints
+from keras_transformer.training.checkpoints import restore_latest
+
+
+def compile_model(
+    model, warmup_steps=4000, label_smoothing=0.1, jit_compile="auto", **optimizer_kwargs
+):
+    """Compiles `model` with the paper's training setup (sections 5.3, 5.4).
+
+    Adam (beta1=0.9, beta2=0.98, epsilon=1e-9) on the warmup/rsqrt schedule,
+    cross-entropy with label smoothing eps_ls, masked token accuracy and
+    perplexity. Mixed precision comes from the model's dtype policy
+    (`build_transformer(..., dtype="mixed_bfloat16")`); under
+    `mixed_float16`, the optimizer is wrapped in dynamic loss scaling.
+
+    Args:
+        model: a `Transformer`.
+        warmup_steps: 4000 in the paper.
+        label_smoothing: 0.1 in the paper.
+        jit_compile: XLA for the train step: `"auto"` (Keras's choice: XLA
+            on GPU under TensorFlow, always under JAX), True or False.
+        **optimizer_kwargs: more `keras.optimizers.Adam` arguments.
+
+    Returns:
+        `model`, compiled.
+    """
+    optimizer = transformer_adam(model.d_model, warmup_steps, **optimizer_kwargs)
+    if model.dtype_policy.name == "mixed_float16":
+        # float16 gradients underflow without loss scaling.
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    model.compile(
+        optimizer=optimizer,
+        loss=LabelSmoothedCrossEntropy(label_smoothing),
+        metrics=[MaskedTokenAccuracy(), Perplexity()],
+        jit_compile=jit_compile,
+    )
+    return model
+
+
+class StopOnNonFiniteLoss(keras.callbacks.Callback):
+    """Stops training when the loss is NaN or infinite, naming the step."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        loss = (logs or {}).get("loss")
+        if loss is not None and not np.isfinite(loss):
+            step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+            self.model.stop_training = True
+            raise FloatingPointError(
+                f"The training loss became {loss} at step {step}. The last "
+                "checkpoint before it is intact; lower the learning rate or "
+                "check the data, then resume."
+            )
+
+
+def fit(
+    model,
+    dataset,
+    model_dir,
+    train_steps,
+    checkpoint_every=1000,
+    keep_checkpoints=5,
+    validation_data=None,
+    callbacks=(),
+    verbose="auto",
+):
+    """Trains for `train_steps` steps, resuming from `model_dir` if it can.
+
+    Every `checkpoint_every` steps the model and its optimizer state are
+    written to `model_dir/checkpoints/`, and the validation loss is computed.
+    After a crash (even `kill -9`), calling `fit` again with the same
+    arguments loads the newest checkpoint, so the step counter, the optimizer
+    state and the learning-rate schedule continue where they were, and skips
+    the batches already trained on. At most one interval is lost. With a
+    deterministic `dataset`, the result equals an uninterrupted run.
+
+    Args:
+        model: a compiled `Transformer` (see `compile_model`), built in the
+            `Distribution` scope when training on several devices.
+        dataset: an endless `tf.data.Dataset` of batches, such as
+            `make_dataset(..., repeat=True, seed=0)`.
+        model_dir: where checkpoints and TensorBoard logs go.
+        train_steps: the total number of optimizer steps.
+        checkpoint_every: the checkpoint (and validation) interval, in steps.
+        keep_checkpoints: how many checkpoints to keep, for averaging.
+        validation_data: batches for the validation loss, or None.
+        callbacks: more Keras callbacks.
+        verbose: the Keras progress-bar setting.
+
+    Returns:
+        The trained model: `model`, or the one restored from a checkpoint.
+    """
+    if train_steps < 1 or checkpoint_every < 1:
+        raise ValueError(
+            "`train_steps` and `checkpoint_every` must be positive. Received: "
+            f"train_steps={train_steps}, checkpoint_every={checkpoint_every}"
+        )
+    checkpoint_dir = os.path.join(model_dir, "checkpoints")
+    restored = restore_latest(model, checkpoint_dir)
+    if restored is not None:
+        model = restored
+    done = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+    if done >= train_steps:
+        return model
+    model.fit(
+        dataset.skip(done),
+        initial_epoch=done // checkpoint_every,
+        epochs=math.ceil(train_steps / checkpoint_every),
+        steps_per_epoch=checkpoint_every,
+        validation_data=validation_data,
+        callbacks=[
+            SaveCheckpoints(checkpoint_dir, keep=keep_checkpoints),
+            StopOnNonFiniteLoss(),
+            keras.callbacks.TensorBoard(os.path.join(model_dir, "logs")),
+            *callbacks,
+        ],
+        verbose=verbose,
+    )
+    return model

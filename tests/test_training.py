@@ -1,0 +1,173 @@
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import keras
+import numpy as np
+import pytest
+
+import keras_transformer as kt
+from keras_transformer import training
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_process.py")
+
+
+def run(model_dir, steps, every, output, *extra, env=None, wait=True):
+    command = [sys.executable, SCRIPT, str(model_dir), str(steps), str(every), str(output), *extra]
+    environment = dict(os.environ, KERAS_BACKEND=keras.backend.backend(), **(env or {}))
+    if not wait:
+        return subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    result = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return dict(np.load(output))
+
+
+def weights(result):
+    return [result[f"w{i}"] for i in range(sum(k.startswith("w") for k in result))]
+
+
+def test_compile_model_uses_the_paper_setup():
+    model = training.compile_model(kt.build_transformer("tiny", vocabulary_size=20), warmup_steps=10)
+    assert isinstance(model.optimizer, keras.optimizers.Adam)
+    assert (model.optimizer.beta_1, model.optimizer.beta_2, model.optimizer.epsilon) == (0.9, 0.98, 1e-9)
+    assert model.loss.label_smoothing == 0.1
+
+
+def test_mixed_float16_gets_loss_scaling():
+    model = kt.build_transformer("tiny", vocabulary_size=20, num_layers=1, dtype="mixed_float16")
+    training.compile_model(model, warmup_steps=5)
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    bfloat16 = kt.build_transformer("tiny", vocabulary_size=20, num_layers=1, dtype="mixed_bfloat16")
+    assert not isinstance(training.compile_model(bfloat16).optimizer, keras.optimizers.LossScaleOptimizer)
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() == "jax",
+    reason="XLA:CPU has no float16 dot_general; mixed_float16 is a GPU setting",
+)
+def test_mixed_float16_trains():
+    model = kt.build_transformer("tiny", vocabulary_size=20, num_layers=1, dtype="mixed_float16")
+    training.compile_model(model, warmup_steps=5)
+    inputs, labels = kt.data.reversal_task(64, 20, seed=0)
+    history = model.fit(inputs, labels, batch_size=16, epochs=2, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
+    assert history.history["loss"][1] < history.history["loss"][0]
+
+
+def test_run_killed_with_sigkill_resumes_and_matches_an_uninterrupted_run(tmp_path):
+    steps, every = 60, 10
+    uninterrupted = run(tmp_path / "a", steps, every, tmp_path / "a.npz")
+    process = run(tmp_path / "b", steps, every, tmp_path / "b.npz", "--step-delay", "0.05", wait=False)
+    second_checkpoint = tmp_path / "b" / "checkpoints" / "ckpt-00000020.keras"
+    deadline = time.time() + 300
+    while not second_checkpoint.exists() and time.time() < deadline and process.poll() is None:
+        time.sleep(0.02)
+    assert second_checkpoint.exists(), process.communicate()[1][-3000:]
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert process.returncode == -signal.SIGKILL
+    assert not (tmp_path / "b.npz").exists()  # it died before the end
+    done = max(training.checkpoints.checkpoint_step(p) for p in training.list_checkpoints(tmp_path / "b" / "checkpoints"))
+    assert every <= done < steps
+    resumed = run(tmp_path / "b", steps, every, tmp_path / "b.npz")
+    # The restart trained only the steps after the last checkpoint ...
+    assert len(resumed["losses"]) == steps - done
+    assert int(resumed["step"]) == int(uninterrupted["step"]) == steps
+    # ... on the same batches, with the same optimizer state and schedule.
+    np.testing.assert_allclose(resumed["losses"], uninterrupted["losses"][done:], rtol=1e-5)
+    for got, want in zip(weights(resumed), weights(uninterrupted)):
+        np.testing.assert_allclose(got, want, atol=1e-6)
+    # Only the newest checkpoints are kept.
+    kept = training.list_checkpoints(tmp_path / "a" / "checkpoints")
+    assert [training.checkpoints.checkpoint_step(p) for p in kept] == [20, 30, 40, 50, 60]
+
+
+def test_averaged_weights_are_the_element_wise_mean(tmp_path):
+    model = kt.build_transformer("tiny", vocabulary_size=20, num_layers=1)
+    paths, snapshots = [], []
+    for i in range(3):
+        model.set_weights([w + i * 0.5 + np.random.default_rng(i).normal(size=w.shape).astype(w.dtype) for w in model.get_weights()])
+        paths.append(str(tmp_path / f"ckpt-{i:08d}.keras"))
+        model.save(paths[-1])
+        snapshots.append(model.get_weights())
+    averaged = training.average_checkpoints(paths)
+    for got, *tensors in zip(averaged.get_weights(), *snapshots):
+        np.testing.assert_allclose(got, np.mean(tensors, axis=0), rtol=1e-6)
+    with pytest.raises(ValueError, match=r"Received: \[\]"):
+        training.average_checkpoints([])
+
+
+def test_a_model_dir_of_another_model_is_refused(tmp_path):
+    saver = training.SaveCheckpoints(tmp_path / "checkpoints")
+    small = training.compile_model(kt.build_transformer("tiny", vocabulary_size=20, num_layers=1))
+    saver.set_model(small)
+    saver.on_epoch_end(0)
+    other = training.compile_model(kt.build_transformer("tiny", vocabulary_size=20, num_layers=2))
+    dataset = __import__("tensorflow").data.Dataset.from_tensors(({"source_ids": np.ones((2, 3), "int32"), "target_ids": np.ones((2, 3), "int32")}, np.ones((2, 3), "int32"))).repeat()
+    with pytest.raises(ValueError, match=r"holds checkpoints of a different model.*num_layers=1 vs 2"):
+        training.fit(other, dataset, tmp_path, 5, checkpoint_every=5)
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() != "jax", reason="keras.distribution.DataParallel is the JAX backend's engine"
+)
+def test_jax_data_parallel_over_two_devices_matches_one_device(tmp_path):
+    single = run(tmp_path / "one", 6, 3, tmp_path / "one.npz")
+    double = run(
+        tmp_path / "two", 6, 3, tmp_path / "two.npz", "--devices", "2",
+        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
+    )
+    assert int(double["replicas"]) == 2
+    np.testing.assert_allclose(double["losses"], single["losses"], rtol=1e-4)
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() != "tensorflow", reason="MirroredStrategy is the TensorFlow backend's engine"
+)
+def test_mirrored_strategy_over_two_devices_matches_one_device(tmp_path):
+    """Each replica averages the loss over its own tokens. With equal token
+    counts per replica (sequences of one length) that is the global mean,
+    and two replicas must match one device to 1e-4. With unequal counts
+    they differ by the spread of the counts (0.3% after 5 steps here)."""
+    single = run(tmp_path / "one", 6, 3, tmp_path / "one.npz", "--fixed-length")
+    double = run(
+        tmp_path / "two", 6, 3, tmp_path / "two.npz", "--devices", "2", "--fixed-length"
+    )
+    assert int(double["replicas"]) == 2
+    np.testing.assert_allclose(double["losses"], single["losses"], rtol=1e-4)
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() != "tensorflow",
+    reason="MultiWorkerMirroredStrategy is the TensorFlow backend's engine",
+)
+def test_two_workers_on_localhost_train_together_to_identical_weights(tmp_path):
+    ports = []
+    for _ in range(2):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            ports.append(str(probe.getsockname()[1]))
+    workers = [
+        run(tmp_path / f"worker{i}", 6, 3, tmp_path / f"worker{i}.npz",
+            "--worker", str(i), "--ports", ",".join(ports), wait=False)
+        for i in range(2)
+    ]
+    for worker in workers:
+        _, stderr = worker.communicate(timeout=600)
+        assert worker.returncode == 0, stderr.decode()[-3000:]
+    first, second = (dict(np.load(tmp_path / f"worker{i}.npz")) for i in range(2))
+    assert int(first["replicas"]) == int(second["replicas"]) == 2
+    assert int(first["step"]) == int(second["step"]) == 6
+    for a, b in zip(weights(first), weights(second)):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() != "torch", reason="only the torch backend is limited to one device"
+)
+def test_torch_refuses_several_devices():
+    with pytest.raises(ValueError, match="trains on one device"):
+        training.Distribution(devices=["cpu", "cpu"])
