@@ -48,6 +48,7 @@ def parse_args(argv=None):
     parser.add_argument("--average", type=int, default=5, help="checkpoints to average (20 for big)")
     parser.add_argument("--max-length", type=int, default=100, help="words per training sentence")
     parser.add_argument("--max-tokens", type=int, default=256, help="subword tokens per sequence")
+    parser.add_argument("--valid-size", type=int, help="validate on the first N pairs only")
     parser.add_argument("--test-size", type=int, help="translate only the first N test sentences")
     parser.add_argument(
         "--dtype", default=None, choices=["float32", "mixed_bfloat16", "mixed_float16"],
@@ -104,9 +105,9 @@ def main(argv=None):
         corpora["train"], tokenizer, args.tokens_per_batch, max_length=args.max_tokens,
         repeat=True, seed=args.seed, batch_multiple=distribution.num_replicas,
     )
+    valid = corpora["valid"][: args.valid_size] if args.valid_size else corpora["valid"]
     valid_data = make_dataset(
-        corpora["valid"], tokenizer, args.tokens_per_batch, max_length=args.max_tokens,
-        shuffle=False,
+        valid, tokenizer, args.tokens_per_batch, max_length=args.max_tokens, shuffle=False
     )
     with distribution.scope():
         model = kt.build_transformer(

@@ -58,7 +58,7 @@ def test_wmt14_recipe_runs_offline_and_resumes(tmp_path):
     common = [
         "--data-dir", WMT14, "--preset", "tiny", "--tokens-per-batch", "2048",
         "--vocabulary-size", "2000", "--checkpoint-every", "2", "--average", "2",
-        "--test-size", "8", "--model-dir", tmp_path / "run",
+        "--valid-size", "16", "--test-size", "8", "--model-dir", tmp_path / "run",
     ]
     first = run_wmt14(*common, "--train-steps", "2")
     assert first.returncode == 0, first.stderr[-3000:]
