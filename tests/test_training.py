@@ -57,6 +57,17 @@ def test_mixed_float16_trains():
     assert history.history["loss"][1] < history.history["loss"][0]
 
 
+def test_a_nan_loss_stops_training_and_names_the_step(tmp_path):
+    model = training.compile_model(kt.build_transformer("tiny", vocabulary_size=16, num_layers=1))
+    inputs, labels = kt.data.reversal_task(64, 16, seed=0)
+    model.fit(inputs, labels, batch_size=16, epochs=1, verbose=0)  # 4 good steps
+    kernel = model.decoder_blocks[0].feed_forward.inner_dense.kernel
+    kernel.assign(np.full(kernel.shape, np.nan, "float32"))
+    with pytest.raises(FloatingPointError, match=r"became nan at step 5\b"):
+        model.fit(inputs, labels, batch_size=16, epochs=1, verbose=0,
+                  callbacks=[training.StopOnNonFiniteLoss()])
+
+
 def test_run_killed_with_sigkill_resumes_and_matches_an_uninterrupted_run(tmp_path):
     steps, every = 60, 10
     uninterrupted = run(tmp_path / "a", steps, every, tmp_path / "a.npz")
