@@ -77,7 +77,6 @@ def make_dataset(
             f"max_length={max_length}"
         )
     sources, targets = zip(*corpus)
-    pairs = tf.data.Dataset.from_tensor_slices((list(sources), list(targets)))
     if repeat and shuffle and seed is not None:
         # Pass p over the data is shuffled by a stateless permutation of
         # seed (seed, p) alone. Every iterator then yields the same batches,
@@ -97,7 +96,9 @@ def make_dataset(
 
         dataset = tf.data.Dataset.range(2**62).flat_map(shuffled_pass)
     else:
-        dataset = pairs.shuffle(len(sources), seed=seed) if shuffle else pairs
+        dataset = tf.data.Dataset.from_tensor_slices((list(sources), list(targets)))
+        if shuffle:
+            dataset = dataset.shuffle(len(sources), seed=seed)
         if repeat:
             dataset = dataset.repeat()
 
