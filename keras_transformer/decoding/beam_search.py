@@ -1,0 +1,310 @@
+"""Beam search with a length penalty and a set of finished hypotheses.
+
+The paper decodes with "beam search with a beam size of 4 and length penalty
+alpha = 0.6" and a maximum output length of input length + 50, "but terminate
+early when possible" (section 6.1). The length penalty is that of Wu et al.
+(2016, GNMT):
+
+    lp(Y) = ((5 + |Y|) / 6) ** alpha,        score(Y) = log P(Y | X) / lp(Y)
+
+The search is a pure function over explicit loop state, written with
+`keras.ops` and `keras.ops.while_loop`, so that one compiled loop runs it
+under `tf.function`, XLA and `jax.jit`, and eagerly under torch.
+"""
+
+import keras
+from keras import ops
+
+# A log-probability no hypothesis reaches: it marks empty slots. Finite, so
+# that sums and differences of it stay finite.
+NEG_INF = -1.0e9
+
+
+def length_penalty(length, alpha):
+    """lp(Y) = ((5 + |Y|) / 6) ** alpha (Wu et al., 2016, section 7)."""
+    return ops.power((5.0 + ops.cast(length, "float32")) / 6.0, alpha)
+
+
+def beam_search(
+    step_fn,
+    initial_ids,
+    initial_state,
+    beam_size=4,
+    alpha=0.6,
+    *,
+    max_length,
+    eos_id,
+    sentence_max_length=None,
+):
+    """The `beam_size` best translations of each sentence, best first.
+
+    Each step extends every alive hypothesis by every token and keeps the
+    `2 * beam_size` best extensions by log-probability. Those among the
+    first `beam_size` that end in `eos_id` join the finished set, scored
+    with the length penalty; the `beam_size` best that do not end stay
+    alive. Taking twice the beam keeps `beam_size` hypotheses alive however
+    many end. A sentence is done when no alive hypothesis can still beat its
+    worst finished one: log-probabilities only fall as a hypothesis grows,
+    and lp only rises, so an alive hypothesis scores at most
+    `log P / lp(sentence_max_length)`. The loop stops when every sentence is
+    done or `max_length` tokens were generated. A sentence that finished
+    fewer than `beam_size` hypotheses has the rest filled with its best
+    alive ones, after the finished ones.
+
+    With `beam_size=1` and `alpha=0` this is greedy search. With `alpha > 0`
+    a single beam may continue past an EOS and return a longer hypothesis
+    whose normalized score is higher.
+
+    Args:
+        step_fn: `step_fn(ids, index, state) -> (logits, state)`. `ids` is
+            int32 `[batch * beam_size, max_length + 1]`: column 0 holds
+            `initial_ids`, columns `1..index` the tokens chosen so far, and
+            later columns are 0, so `ids[:, index]` is the token to extend.
+            (A fixed shape lets one compiled loop serve every step.)
+            `logits` are `[batch * beam_size, vocabulary_size]` scores for
+            the token at position `index + 1`; log-probabilities work too.
+            `state` is a nest of tensors whose first dimension is
+            `batch * beam_size`, row `b * beam_size + k` being beam k of
+            sentence b; the search reorders it as beams are chosen.
+        initial_ids: int `[batch]`, the first token (BOS) of each sentence.
+        initial_state: a nest of tensors with first dimension `batch`; each
+            is repeated `beam_size` times for the step function.
+        beam_size: hypotheses kept per sentence.
+        alpha: the length penalty exponent; 0 ranks by log-probability.
+        max_length: the most tokens generated (an int, or a scalar tensor
+            under `tf.function`), EOS included.
+        eos_id: the id that ends a hypothesis.
+        sentence_max_length: optional int `[batch]`, each sentence's own
+            limit (at most `max_length`), such as its source length + 50.
+            Batching then does not change any sentence's result.
+
+    Returns:
+        `(ids, scores)`: int32 `[batch, beam_size, max_length]`, the
+        generated tokens (without `initial_ids`; EOS, then 0s), and float32
+        `[batch, beam_size]`, `log P / lp(length)`, best first.
+    """
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be at least 1. Received: beam_size={beam_size}")
+    if alpha < 0:
+        raise ValueError(
+            "alpha must be >= 0: early stopping relies on lp growing with "
+            f"length. Received: alpha={alpha}"
+        )
+    initial_ids = ops.cast(initial_ids, "int32")
+    batch_size = ops.shape(initial_ids)[0]
+    if sentence_max_length is None:
+        sentence_max_length = ops.full((batch_size,), max_length, dtype="int32")
+    sentence_max_length = ops.cast(sentence_max_length, "int32")
+    # Scores can only fall to log P / lp(limit) for an alive hypothesis.
+    best_possible_lp = length_penalty(sentence_max_length, alpha)  # [B]
+
+    def gather_beams(x, beam_indices):
+        """x[b, beam_indices[b, j]] for `x` of `[B, K_old, ...]`."""
+        old_beams = ops.shape(x)[1]
+        flat_indices = beam_indices + ops.arange(batch_size)[:, None] * old_beams
+        flat = ops.reshape(x, (-1,) + tuple(ops.shape(x)[2:]))
+        gathered = ops.take(flat, ops.reshape(flat_indices, (-1,)), axis=0)
+        return ops.reshape(
+            gathered, (batch_size, ops.shape(beam_indices)[1]) + tuple(ops.shape(x)[2:])
+        )
+
+    positions = ops.arange(max_length + 1, dtype="int32")  # [L + 1]
+    alive_ids = ops.where(
+        ops.equal(positions, 0)[None, None, :],
+        initial_ids[:, None, None],
+        ops.zeros((batch_size, beam_size, max_length + 1), dtype="int32"),
+    )  # [B, K, L + 1]
+    # Only beam 0 is real at the start, so the first step expands it alone.
+    alive_log_probs = ops.where(
+        ops.equal(ops.arange(beam_size), 0)[None, :],
+        ops.zeros((batch_size, beam_size), dtype="float32"),
+        ops.full((batch_size, beam_size), NEG_INF, dtype="float32"),
+    )  # [B, K]
+    finished_ids = ops.zeros((batch_size, beam_size, max_length + 1), dtype="int32")
+    finished_scores = ops.full((batch_size, beam_size), NEG_INF, dtype="float32")
+    finished_flags = ops.zeros((batch_size, beam_size), dtype="bool")
+    state = keras.tree.map_structure(
+        lambda x: ops.repeat(x, beam_size, axis=0), initial_state
+    )  # [B * K, ...]
+    index = ops.convert_to_tensor(0, dtype="int32")
+
+    def sentence_done(index, alive_log_probs, finished_scores, finished_flags):
+        best_alive = alive_log_probs[:, 0] / best_possible_lp  # [B]
+        worst_finished = ops.min(
+            ops.where(finished_flags, finished_scores, NEG_INF), axis=1
+        )  # [B]; NEG_INF until beam_size hypotheses finished
+        return ops.logical_or(
+            ops.logical_or(
+                ops.greater(worst_finished, best_alive),
+                ops.less(alive_log_probs[:, 0], NEG_INF / 2),  # nothing alive
+            ),
+            ops.greater_equal(index, sentence_max_length),
+        )
+
+    def condition(index, alive_ids, alive_log_probs, finished_ids, finished_scores, finished_flags, state):
+        all_done = ops.all(
+            sentence_done(index, alive_log_probs, finished_scores, finished_flags)
+        )
+        return ops.logical_and(ops.less(index, max_length), ops.logical_not(all_done))
+
+    def body(index, alive_ids, alive_log_probs, finished_ids, finished_scores, finished_flags, state):
+        flat_ids = ops.reshape(alive_ids, (-1, max_length + 1))  # [B * K, L + 1]
+        logits, new_state = step_fn(flat_ids, index, state)
+        log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
+        vocabulary_size = ops.shape(log_probs)[-1]
+        log_probs = ops.reshape(log_probs, (batch_size, beam_size, vocabulary_size))
+
+        # The 2K best extensions of the alive hypotheses.
+        candidate_log_probs = ops.reshape(
+            alive_log_probs[:, :, None] + log_probs,
+            (batch_size, beam_size * vocabulary_size),
+        )
+        top_log_probs, top_indices = ops.top_k(candidate_log_probs, 2 * beam_size)
+        top_beams = top_indices // vocabulary_size  # [B, 2K]
+        top_tokens = ops.cast(top_indices % vocabulary_size, "int32")
+        top_ids = ops.where(
+            ops.equal(positions, index + 1)[None, None, :],
+            top_tokens[:, :, None],
+            gather_beams(alive_ids, top_beams),
+        )  # [B, 2K, L + 1]
+        ends = ops.equal(top_tokens, eos_id)
+        real = ops.greater(top_log_probs, NEG_INF / 2)
+        active = ops.less(index, sentence_max_length)[:, None]  # [B, 1]
+
+        # Alive: the K best extensions that did not end.
+        new_alive_log_probs, alive_choice = ops.top_k(
+            ops.where(ends, NEG_INF, top_log_probs), beam_size
+        )
+        new_alive_ids = gather_beams(top_ids, alive_choice)
+        alive_ids = ops.where(active[:, :, None], new_alive_ids, alive_ids)
+        alive_log_probs = ops.where(active, new_alive_log_probs, alive_log_probs)
+        origin = ops.take_along_axis(top_beams, alive_choice, axis=1)  # [B, K]
+        state_rows = ops.reshape(
+            origin + ops.arange(batch_size)[:, None] * beam_size, (-1,)
+        )
+        state = keras.tree.map_structure(
+            lambda x: ops.take(x, state_rows, axis=0), new_state
+        )
+
+        # Finished: the old set and the ending extensions among the first K.
+        among_first_k = ops.less(ops.arange(2 * beam_size), beam_size)[None, :]
+        new_flags = ends & real & active & among_first_k
+        new_scores = ops.where(
+            new_flags, top_log_probs / length_penalty(index + 1, alpha), NEG_INF
+        )
+        finished_scores, finished_choice = ops.top_k(
+            ops.concatenate([finished_scores, new_scores], axis=1), beam_size
+        )
+        finished_ids = gather_beams(
+            ops.concatenate([finished_ids, top_ids], axis=1), finished_choice
+        )
+        finished_flags = ops.take_along_axis(
+            ops.concatenate([finished_flags, new_flags], axis=1),
+            finished_choice,
+            axis=1,
+        )
+        return (
+            index + 1,
+            alive_ids,
+            alive_log_probs,
+            finished_ids,
+            finished_scores,
+            finished_flags,
+            state,
+        )
+
+    (
+        index,
+        alive_ids,
+        alive_log_probs,
+        finished_ids,
+        finished_scores,
+        finished_flags,
+        state,
+    ) = ops.while_loop(
+        condition,
+        body,
+        (
+            index,
+            alive_ids,
+            alive_log_probs,
+            finished_ids,
+            finished_scores,
+            finished_flags,
+            state,
+        ),
+    )
+
+    # Finished hypotheses first (they are sorted and come before the empty
+    # slots), then the best alive ones, which reached the sentence's limit.
+    alive_scores = alive_log_probs / best_possible_lp[:, None]
+    num_finished = ops.sum(ops.cast(finished_flags, "int32"), axis=1)[:, None]
+    slots = ops.arange(beam_size, dtype="int32")[None, :]
+    choice = ops.where(
+        ops.less(slots, num_finished), slots, beam_size + slots - num_finished
+    )  # [B, K] into the 2K finished-then-alive hypotheses
+    ids = gather_beams(ops.concatenate([finished_ids, alive_ids], axis=1), choice)
+    scores = ops.take_along_axis(
+        ops.concatenate([finished_scores, alive_scores], axis=1), choice, axis=1
+    )
+    return ids[:, :, 1:], scores
+
+
+def greedy_search(step_fn, initial_ids, initial_state, *, max_length, eos_id, sentence_max_length=None):
+    """The most likely next token at every step, until EOS.
+
+    Args:
+        step_fn: `step_fn(ids, index, state) -> (logits, state)`, as in
+            `beam_search` with a beam of 1: `ids` is `[batch, max_length + 1]`
+            and `state` a nest of tensors with first dimension `batch`.
+        initial_ids: int `[batch]`, the first token (BOS) of each sentence.
+        initial_state: the step function's state for the first step.
+        max_length: the most tokens generated, EOS included.
+        eos_id: the id that ends a sentence.
+        sentence_max_length: optional int `[batch]`, each sentence's own
+            limit (at most `max_length`).
+
+    Returns:
+        `(ids, scores)`: int32 `[batch, max_length]`, the generated tokens
+        (EOS, then 0s), and float32 `[batch]`, their total log-probability.
+    """
+    initial_ids = ops.cast(initial_ids, "int32")
+    batch_size = ops.shape(initial_ids)[0]
+    if sentence_max_length is None:
+        sentence_max_length = ops.full((batch_size,), max_length, dtype="int32")
+    sentence_max_length = ops.cast(sentence_max_length, "int32")
+    positions = ops.arange(max_length + 1, dtype="int32")
+    ids = ops.where(
+        ops.equal(positions, 0)[None, :],
+        initial_ids[:, None],
+        ops.zeros((batch_size, max_length + 1), dtype="int32"),
+    )  # [B, L + 1]
+    log_prob = ops.zeros((batch_size,), dtype="float32")
+    finished = ops.zeros((batch_size,), dtype="bool")
+    index = ops.convert_to_tensor(0, dtype="int32")
+
+    def condition(index, ids, log_prob, finished, state):
+        done = ops.logical_or(finished, ops.greater_equal(index, sentence_max_length))
+        return ops.logical_and(ops.less(index, max_length), ops.logical_not(ops.all(done)))
+
+    def body(index, ids, log_prob, finished, state):
+        logits, state = step_fn(ids, index, state)
+        log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
+        tokens = ops.cast(ops.argmax(log_probs, axis=-1), "int32")  # [B]
+        token_log_probs = ops.take_along_axis(log_probs, tokens[:, None], axis=1)[:, 0]
+        writing = ops.logical_and(
+            ops.logical_not(finished), ops.less(index, sentence_max_length)
+        )
+        ids = ops.where(
+            ops.logical_and(ops.equal(positions, index + 1)[None, :], writing[:, None]),
+            tokens[:, None],
+            ids,
+        )
+        log_prob = log_prob + ops.where(writing, token_log_probs, 0.0)
+        finished = ops.logical_or(finished, ops.logical_and(writing, ops.equal(tokens, eos_id)))
+        return index + 1, ids, log_prob, finished, state
+
+    index, ids, log_prob, finished, state = ops.while_loop(
+        condition, body, (index, ids, log_prob, finished, initial_state)
+    )
+    return ids[:, 1:], log_prob

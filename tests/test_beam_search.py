@@ -1,0 +1,252 @@
+"""Beam and greedy search against hand-made scoring functions whose best
+sequences are known by enumeration."""
+
+import itertools
+
+import keras
+import numpy as np
+import pytest
+from conftest import to_numpy
+from keras import ops
+
+from keras_transformer.decoding import beam_search
+from keras_transformer.decoding import greedy_search
+from keras_transformer.decoding.beam_search import length_penalty
+
+BOS, EOS = 1, 2
+A, B, C, D = 3, 4, 5, 6
+V = 7
+
+
+def markov_table(rows):
+    """Log-probabilities of the next token given the last one; tokens a row
+    does not name share what is left of its probability."""
+    table = np.zeros((V, V), "float32")
+    for last in range(V):
+        named = rows.get(last, {EOS: 0.99})
+        rest = (1.0 - sum(named.values())) / (V - len(named))
+        probs = np.full(V, rest)
+        for token, p in named.items():
+            probs[token] = p
+        table[last] = np.log(probs)
+    return table
+
+
+def markov_step(table):
+    """A step function reading the last token from `ids`; no state."""
+    table = ops.convert_to_tensor(table)
+
+    def step_fn(ids, index, state):
+        last = ops.slice(ids, [0, index], [ops.shape(ids)[0], 1])[:, 0]
+        return ops.take(table, last, axis=0), state
+
+    return step_fn
+
+
+def dummy_state(batch):
+    return ops.zeros((batch, 1))
+
+
+def enumerate_hypotheses(table, max_length, alpha):
+    """Exhaustive search: every sequence that ends in EOS within
+    `max_length` tokens, scored log P / lp, best first."""
+    hypotheses = []
+    for length in range(1, max_length + 1):
+        for prefix in itertools.product([t for t in range(V) if t != EOS], repeat=length - 1):
+            sequence = (BOS,) + prefix + (EOS,)
+            log_prob = sum(table[a, b] for a, b in zip(sequence, sequence[1:]))
+            hypotheses.append((log_prob / ((5 + length) / 6) ** alpha, list(sequence[1:])))
+    hypotheses.sort(key=lambda pair: -pair[0])
+    return [(hypothesis, score) for score, hypothesis in hypotheses]
+
+
+def enumerate_best(table, max_length, alpha):
+    return enumerate_hypotheses(table, max_length, alpha)[0]
+
+
+def decoded(ids):
+    """Tokens up to and including the first EOS."""
+    ids = list(ids)
+    return ids[: ids.index(EOS) + 1] if EOS in ids else ids
+
+
+def search(table, beam_size, alpha, max_length, batch=1):
+    ids, scores = beam_search(
+        markov_step(table),
+        ops.full((batch,), BOS, dtype="int32"),
+        dummy_state(batch),
+        beam_size=beam_size,
+        alpha=alpha,
+        max_length=max_length,
+        eos_id=EOS,
+    )
+    return to_numpy(ids), to_numpy(scores)
+
+
+# Short "a EOS" has probability 0.6 * 0.6 = 0.36; long "b c d EOS" has
+# 0.4 * 0.95^3 = 0.343. Without a length penalty the short one wins; with
+# alpha = 0.6 the long one does. Greedy takes "a" and cannot find "b".
+LENGTH_PENALTY_TABLE = markov_table(
+    {
+        BOS: {A: 0.6, B: 0.4 - 1e-4},
+        A: {EOS: 0.6, C: 0.2},
+        B: {C: 0.95},
+        C: {D: 0.95},
+        D: {EOS: 0.95},
+    }
+)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_beam_search_finds_the_known_best_and_length_penalty_changes_it(alpha):
+    best, best_score = enumerate_best(LENGTH_PENALTY_TABLE, max_length=5, alpha=alpha)
+    assert best == ([A, EOS] if alpha == 0.0 else [B, C, D, EOS])  # the premise
+    ids, scores = search(LENGTH_PENALTY_TABLE, beam_size=4, alpha=alpha, max_length=5)
+    assert decoded(ids[0, 0]) == best
+    np.testing.assert_allclose(scores[0, 0], best_score, rtol=1e-5)
+
+
+def test_beam_search_beats_greedy_where_greedy_commits_too_early():
+    # "a" is likelier first, but everything after it is poor; "b EOS" wins.
+    table = markov_table(
+        {BOS: {A: 0.5, B: 0.45}, A: {C: 0.35, EOS: 0.3, D: 0.3}, B: {EOS: 0.9}, C: {EOS: 0.5}}
+    )
+    best, _ = enumerate_best(table, max_length=4, alpha=0.0)
+    greedy_ids, _ = greedy_search(
+        markov_step(table), ops.full((1,), BOS, dtype="int32"), dummy_state(1), max_length=4, eos_id=EOS
+    )
+    assert decoded(to_numpy(greedy_ids)[0]) != best  # the premise
+    ids, _ = search(table, beam_size=2, alpha=0.0, max_length=4)
+    assert decoded(ids[0, 0]) == best == [B, EOS]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_beam_size_one_without_length_penalty_is_greedy(seed):
+    rng = np.random.default_rng(seed)
+    table = np.log(rng.dirichlet(np.full(V, 0.3), size=V)).astype("float32")
+    initial_ids = ops.full((5,), BOS, dtype="int32")
+    greedy_ids, greedy_scores = greedy_search(
+        markov_step(table), initial_ids, dummy_state(5), max_length=8, eos_id=EOS
+    )
+    ids, scores = search(table, beam_size=1, alpha=0.0, max_length=8, batch=5)
+    np.testing.assert_array_equal(ids[:, 0], to_numpy(greedy_ids))
+    np.testing.assert_allclose(scores[:, 0], to_numpy(greedy_scores), rtol=1e-5)
+
+
+def test_n_best_are_distinct_sorted_and_scored_by_their_own_probability():
+    rng = np.random.default_rng(3)
+    table = np.log(rng.dirichlet(np.full(V, 0.5), size=V)).astype("float32")
+    ids, scores = search(table, beam_size=4, alpha=0.6, max_length=6, batch=2)
+    for sentence in range(2):
+        hypotheses = [tuple(decoded(row)) for row in ids[sentence]]
+        assert len(set(hypotheses)) == 4
+        assert np.all(np.diff(scores[sentence]) <= 1e-6)
+        for hypothesis, score in zip(hypotheses, scores[sentence]):
+            sequence = (BOS,) + hypothesis
+            log_prob = sum(table[a, b] for a, b in zip(sequence, sequence[1:]))
+            np.testing.assert_allclose(score, log_prob / ((5 + len(hypothesis)) / 6) ** 0.6, rtol=1e-5)
+
+
+def test_a_sentence_that_never_ends_returns_its_best_alive_hypothesis():
+    rows = {t: {EOS: 1e-12, C: 0.5, D: 0.4} for t in range(V)}
+    rows[C] = {EOS: 1e-12, D: 0.7}
+    table = markov_table(rows)
+    ids, scores = search(table, beam_size=3, alpha=0.6, max_length=4)
+    assert EOS not in ids[0, 0]
+    np.testing.assert_array_equal(ids[0, 0], [C, D, C, D])  # 0.5 * 0.7 * 0.5 * 0.7
+    log_prob = table[BOS, C] + table[C, D] + table[D, C] + table[C, D]
+    np.testing.assert_allclose(scores[0, 0], log_prob / length_penalty(4, 0.6), rtol=1e-5)
+
+
+def test_the_search_stops_when_no_alive_hypothesis_can_win():
+    # Both beams end at once with most of the mass; the rest cannot catch up.
+    table = markov_table({BOS: {A: 0.5, B: 0.49}, A: {EOS: 0.999}, B: {EOS: 0.999}})
+    calls = []
+
+    def counting_step(ids, index, state):
+        calls.append(index)
+        return markov_step(table)(ids, index, state)
+
+    with eager_loops():
+        beam_search(
+            counting_step, ops.full((1,), BOS, dtype="int32"), dummy_state(1),
+            beam_size=2, alpha=0.6, max_length=20, eos_id=EOS,
+        )
+    assert len(calls) == 2
+
+
+def test_the_search_goes_on_while_an_alive_hypothesis_can_still_win():
+    # After one step both beams have ended ("a EOS" 0.3, "b EOS" 0.18), but
+    # the alive "a c" (0.175) can still beat "b EOS" once normalized, and
+    # "a c d EOS" (0.158 over 4 tokens) does.
+    table = markov_table(
+        {BOS: {A: 0.5, B: 0.3}, A: {EOS: 0.6, C: 0.35}, B: {EOS: 0.6, C: 0.35}, C: {D: 0.95}, D: {EOS: 0.95}}
+    )
+    two_best = enumerate_hypotheses(table, max_length=6, alpha=0.6)[:2]
+    assert [hypothesis for hypothesis, _ in two_best] == [[A, EOS], [A, C, D, EOS]]  # the premise
+    ids, scores = search(table, beam_size=2, alpha=0.6, max_length=6)
+    assert [decoded(row) for row in ids[0]] == [[A, EOS], [A, C, D, EOS]]
+    np.testing.assert_allclose(scores[0], [score for _, score in two_best], rtol=1e-5)
+
+
+def test_each_sentence_keeps_its_own_length_limit():
+    table = markov_table({t: {EOS: 1e-12, C: 0.9} for t in range(V)})
+    ids, _ = beam_search(
+        markov_step(table), ops.full((2,), BOS, dtype="int32"), dummy_state(2),
+        beam_size=2, max_length=6, eos_id=EOS, sentence_max_length=ops.array([3, 6], "int32"),
+    )
+    ids = to_numpy(ids)
+    np.testing.assert_array_equal(ids[0, 0], [C, C, C, 0, 0, 0])
+    np.testing.assert_array_equal(ids[1, 0], [C] * 6)
+
+
+def test_the_state_is_reordered_with_the_beams():
+    # A second-order model: the step reads the token before last from its
+    # state. If the search mixed up the rows of the state, the result would
+    # differ from reading both tokens from `ids`.
+    rng = np.random.default_rng(4)
+    table = ops.convert_to_tensor(
+        np.log(rng.dirichlet(np.full(V, 0.4), size=(V, V))).astype("float32")
+    )
+
+    def from_ids(ids, index, state):
+        n = ops.shape(ids)[0]
+        last = ops.slice(ids, [0, index], [n, 1])[:, 0]
+        before = ops.slice(ids, [0, ops.maximum(index - 1, 0)], [n, 1])[:, 0]
+        return ops.take(ops.reshape(table, (V * V, V)), before * V + last, axis=0), state
+
+    def from_state(ids, index, state):
+        n = ops.shape(ids)[0]
+        last = ops.slice(ids, [0, index], [n, 1])[:, 0]
+        logits = ops.take(ops.reshape(table, (V * V, V)), state * V + last, axis=0)
+        return logits, last
+
+    initial = ops.full((3,), BOS, dtype="int32")
+    expected = beam_search(from_ids, initial, dummy_state(3), beam_size=3, max_length=7, eos_id=EOS)
+    got = beam_search(from_state, initial, initial, beam_size=3, max_length=7, eos_id=EOS)
+    np.testing.assert_array_equal(to_numpy(got[0]), to_numpy(expected[0]))
+    np.testing.assert_allclose(to_numpy(got[1]), to_numpy(expected[1]), rtol=1e-6)
+
+
+def test_bad_arguments_are_rejected():
+    with pytest.raises(ValueError, match="beam_size must be at least 1. Received: beam_size=0"):
+        search(LENGTH_PENALTY_TABLE, beam_size=0, alpha=0.6, max_length=4)
+    with pytest.raises(ValueError, match="alpha must be >= 0"):
+        search(LENGTH_PENALTY_TABLE, beam_size=2, alpha=-1.0, max_length=4)
+
+
+class eager_loops:
+    """Runs `ops.while_loop` bodies as Python loops, so that they can be
+    counted: JAX traces a loop body once unless jit is disabled."""
+
+    def __enter__(self):
+        self.context = None
+        if keras.backend.backend() == "jax":
+            import jax
+
+            self.context = jax.disable_jit()
+            self.context.__enter__()
+
+    def __exit__(self, *exc):
+        if self.context is not None:
+            self.context.__exit__(*exc)
