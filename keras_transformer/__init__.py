@@ -14,6 +14,7 @@ from keras_transformer import models
 from keras_transformer import optimizers
 from keras_transformer import schedules
 from keras_transformer import training
+from keras_transformer.decoding import Translator
 from keras_transformer.models import Transformer
 from keras_transformer.models import build_transformer
 
@@ -21,6 +22,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Transformer",
+    "Translator",
     "build_transformer",
     "checks",
     "data",

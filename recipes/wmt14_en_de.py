@@ -30,7 +30,7 @@ from keras_transformer import training  # noqa: E402
 from keras_transformer.data import SubwordTokenizer  # noqa: E402
 from keras_transformer.data import make_dataset  # noqa: E402
 from keras_transformer.data import read_wmt14  # noqa: E402
-from keras_transformer.decoding import greedy_translate  # noqa: E402
+from keras_transformer.decoding import Translator  # noqa: E402
 from keras_transformer.models import PRESETS  # noqa: E402
 
 
@@ -50,6 +50,8 @@ def parse_args(argv=None):
     parser.add_argument("--max-tokens", type=int, default=256, help="subword tokens per sequence")
     parser.add_argument("--valid-size", type=int, help="validate on the first N pairs only")
     parser.add_argument("--test-size", type=int, help="translate only the first N test sentences")
+    parser.add_argument("--beam-size", type=int, default=4, help="1 decodes greedily")
+    parser.add_argument("--alpha", type=float, default=0.6, help="length penalty exponent")
     parser.add_argument(
         "--dtype", default=None, choices=["float32", "mixed_bfloat16", "mixed_float16"],
         help="mixed precision policy; mixed_float16 adds loss scaling",
@@ -127,14 +129,24 @@ def main(argv=None):
     averaged.save(averaged_path)
     print(f"averaged {min(args.average, len(checkpoints))} checkpoints into {averaged_path}")
 
+    translator = Translator(
+        averaged, tokenizer, beam_size=args.beam_size, alpha=args.alpha,
+        max_source_length=args.max_tokens,
+    )
+    translator_dir = os.path.join(args.model_dir, "translator")
+    translator.save(translator_dir)
+    print(f"saved the translator in {translator_dir}; use it with\n"
+          f"  python -m keras_transformer translate --model-dir {translator_dir} < input.en")
+
     test = corpora["test"][: args.test_size] if args.test_size else corpora["test"]
-    hypotheses = greedy_translate(averaged, tokenizer, list(test.sources))
+    hypotheses = translator.translate(list(test.sources))
     bleu, signature = score(hypotheses, list(test.targets))
     with open(os.path.join(args.model_dir, "test_translations.de"), "w") as file:
         file.write("\n".join(hypotheses) + "\n")
     with open(os.path.join(args.model_dir, "test_bleu.txt"), "w") as file:
         file.write(f"{bleu}\n{signature}\n")
-    print(f"test ({len(test)} sentences), greedy decoding: {bleu}")
+    search = "greedy" if args.beam_size == 1 else f"beam {args.beam_size}, alpha {args.alpha}"
+    print(f"test ({len(test)} sentences), {search}: {bleu}")
     print(f"sacrebleu signature: {signature}")
 
 

@@ -33,11 +33,13 @@ def test_quickstart_runs_end_to_end(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"Backend: {keras.backend.backend()}" in result.stdout
-    assert "sacrebleu signature: nrefs:1|case:mixed|eff:no|tok:13a" in result.stdout
-    assert "exact translations, subordinate clause (verb last)" in result.stdout
-    model = keras.saving.load_model(tmp_path / "model" / "model.keras")
-    tokenizer = kt.data.SubwordTokenizer.load(tmp_path / "model")
-    assert model.vocabulary_size == tokenizer.vocabulary_size == 500
+    for search in ("greedy search", "beam search (beam 4, alpha 0.6)"):
+        assert f"Test set, {search}, 50 sentences" in result.stdout
+    assert result.stdout.count("nrefs:1|case:mixed|eff:no|tok:13a") == 2
+    assert "exact translations (beam 4), subordinate clause (verb last)" in result.stdout
+    translator = kt.Translator.load(tmp_path / "model")
+    assert translator.model.vocabulary_size == translator.tokenizer.vocabulary_size == 500
+    assert (translator.beam_size, translator.alpha) == (4, 0.6)
 
 
 WMT14_RECIPE = os.path.join(ROOT, "recipes", "wmt14_en_de.py")
@@ -65,6 +67,7 @@ def test_wmt14_recipe_runs_offline_and_resumes(tmp_path):
     assert "sacrebleu signature: nrefs:1|case:mixed|eff:no|tok:13a" in first.stdout
     assert (tmp_path / "run" / "averaged.keras").is_file()
     assert (tmp_path / "run" / "test_bleu.txt").read_text().startswith("BLEU = ")
+    assert (tmp_path / "run" / "translator" / "translator.json").is_file()
     # The same model dir is refused without --resume ...
     refused = run_wmt14(*common, "--train-steps", "4")
     assert refused.returncode != 0

@@ -1,6 +1,7 @@
 """From parallel text to model-ready batches.
 
 - `read_parallel_text`, `read_tfds`: sentence pairs, with what was skipped.
+- `read_lines`: the lines of one UTF-8 text file.
 - `SubwordTokenizer`: the shared subword vocabulary, on TF graph ops.
 - `make_dataset`: token-bucketed `tf.data` batches for `model.fit`.
 - `builtin_corpus`: a generated English-German corpus that needs no data.
@@ -10,6 +11,7 @@
 
 from keras_transformer.data.builtin import builtin_corpus
 from keras_transformer.data.corpus import ParallelCorpus
+from keras_transformer.data.corpus import read_lines
 from keras_transformer.data.corpus import read_parallel_text
 from keras_transformer.data.corpus import read_tfds
 from keras_transformer.data.pipeline import batch_statistics
@@ -24,6 +26,7 @@ __all__ = [
     "batch_statistics",
     "builtin_corpus",
     "make_dataset",
+    "read_lines",
     "read_parallel_text",
     "read_tfds",
     "read_wmt14",

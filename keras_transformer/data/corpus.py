@@ -58,14 +58,20 @@ class ParallelCorpus(collections.abc.Sequence):
         )
 
 
-def _read_lines(path):
+def read_lines(path):
     """The lines of a UTF-8 file (gzipped if it ends in .gz), without EOLs."""
     opener = gzip.open if str(path).endswith(".gz") else open
     try:
         with opener(path, "rb") as file:
-            raw_lines = file.read().split(b"\n")
+            raw = file.read()
     except (OSError, EOFError) as error:
         raise ValueError(f"Cannot read {path}: {error}") from error
+    return decode_lines(raw, path)
+
+
+def decode_lines(raw, path):
+    """The UTF-8 lines of `raw` bytes; errors name `path` and the line."""
+    raw_lines = raw.split(b"\n")
     if raw_lines and raw_lines[-1] == b"":
         raw_lines.pop()  # the newline that ends the last line
     lines = []
@@ -137,8 +143,8 @@ def read_parallel_text(source_path, target_path, max_length=None):
     Returns:
         A `ParallelCorpus`.
     """
-    sources = _read_lines(source_path)
-    targets = _read_lines(target_path)
+    sources = read_lines(source_path)
+    targets = read_lines(target_path)
     if len(sources) != len(targets):
         raise ValueError(
             "Parallel files must have one line per sentence pair, but "

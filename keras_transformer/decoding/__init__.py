@@ -1,8 +1,21 @@
 """Decoding: beam and greedy search over a step function, and translation."""
 
+from keras_transformer.decoding.attention_plot import cross_attention_map
+from keras_transformer.decoding.attention_plot import plot_cross_attention
 from keras_transformer.decoding.beam_search import beam_search
 from keras_transformer.decoding.beam_search import greedy_search
 from keras_transformer.decoding.beam_search import length_penalty
-from keras_transformer.decoding.greedy import greedy_translate
+from keras_transformer.decoding.translator import Translator
+from keras_transformer.decoding.translator import cached_step_function
+from keras_transformer.decoding.translator import search_translations
 
-__all__ = ["beam_search", "greedy_search", "greedy_translate", "length_penalty"]
+__all__ = [
+    "Translator",
+    "beam_search",
+    "cached_step_function",
+    "cross_attention_map",
+    "greedy_search",
+    "length_penalty",
+    "plot_cross_attention",
+    "search_translations",
+]

@@ -34,11 +34,13 @@ class TransformerDecoderBlock(TransformerBlock):
         self_attention_cache_update_index: where `inputs` starts in the cache.
         cross_attention_cache: a `(key, value)` pair of
             `[B, S, num_heads, head_dim]`.
+        return_cross_attention_scores: also return the encoder-decoder
+            attention weights, `[B, num_heads, T, S]`.
         training: whether dropout is active.
 
     Returns:
-        `[B, T, d_model]`, and the updated self-attention cache if one was
-        given.
+        `[B, T, d_model]`; then the cross-attention weights if asked for;
+        then the updated self-attention cache if one was given.
     """
 
     def build(self, inputs_shape, encoder_output_shape=None):
@@ -72,6 +74,7 @@ class TransformerDecoderBlock(TransformerBlock):
         self_attention_cache=None,
         self_attention_cache_update_index=None,
         cross_attention_cache=None,
+        return_cross_attention_scores=False,
         training=None,
     ):
         if encoder_output is None and cross_attention_cache is None:
@@ -81,6 +84,7 @@ class TransformerDecoderBlock(TransformerBlock):
                 "encoder_output=None, cross_attention_cache=None"
             )
         updated_cache = None
+        cross_attention_scores = None
 
         def masked_self_attention(x):
             nonlocal updated_cache
@@ -103,21 +107,20 @@ class TransformerDecoderBlock(TransformerBlock):
             return x
 
         def encoder_decoder_attention(x):
-            if cross_attention_cache is None:
-                return self.cross_attention(
-                    x,
-                    encoder_output,
-                    value_mask=encoder_padding_mask,
-                    training=training,
-                )
-            x, _ = self.cross_attention(
+            nonlocal cross_attention_scores
+            outputs = self.cross_attention(
                 x,
                 encoder_output,
                 value_mask=encoder_padding_mask,
+                return_attention_scores=return_cross_attention_scores,
                 cache=cross_attention_cache,
                 training=training,
             )
-            return x
+            if not isinstance(outputs, tuple):
+                return outputs
+            if return_cross_attention_scores:
+                cross_attention_scores = outputs[1]
+            return outputs[0]
 
         x = inputs
         for sublayer, norm, dropout in (
@@ -136,9 +139,12 @@ class TransformerDecoderBlock(TransformerBlock):
             x = sublayer_connection(
                 x, sublayer, norm, dropout, self.normalize_first, training
             )
-        if self_attention_cache is None:
-            return x
-        return x, updated_cache
+        outputs = (x,)
+        if return_cross_attention_scores:
+            outputs += (cross_attention_scores,)
+        if self_attention_cache is not None:
+            outputs += (updated_cache,)
+        return outputs[0] if len(outputs) == 1 else outputs
 
     def compute_output_shape(self, inputs_shape, encoder_output_shape=None):
         return inputs_shape

@@ -293,6 +293,33 @@ class Transformer(keras.Model):
             )
         return self._logits(x), updated_cache
 
+    def cross_attention_weights(self, source_ids, target_ids):
+        """The encoder-decoder attention weights of every decoder block.
+
+        Args:
+            source_ids: int `[B, S]`, 0 at padding.
+            target_ids: int `[B, T]`, the shifted target (BOS first).
+
+        Returns:
+            A list with one `[B, num_heads, T, S]` tensor per decoder block:
+            how much target position t attends to source position s.
+        """
+        encoder_output, encoder_padding_mask = self.encode(source_ids)
+        x = self._embed(self.target_embedding, target_ids)
+        decoder_padding_mask = ops.not_equal(target_ids, PADDING_ID)
+        weights = []
+        for block in self.decoder_blocks:
+            x, block_weights = block(
+                x,
+                encoder_output,
+                decoder_padding_mask=decoder_padding_mask,
+                encoder_padding_mask=encoder_padding_mask,
+                return_cross_attention_scores=True,
+                training=False,
+            )
+            weights.append(block_weights)
+        return weights
+
     def get_config(self):
         return {
             "name": self.name,

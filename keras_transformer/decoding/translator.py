@@ -1,0 +1,370 @@
+"""Translation: a tokenizer, a trained Transformer and a search, together."""
+
+import json
+import os
+import warnings
+
+import keras
+import numpy as np
+import tensorflow as tf
+from keras import ops
+
+from keras_transformer.data.pipeline import bucket_lengths
+from keras_transformer.data.tokenizer import SubwordTokenizer
+from keras_transformer.decoding.beam_search import beam_search
+from keras_transformer.decoding.beam_search import greedy_search
+from keras_transformer.decoding.compiled import CompiledFunction
+
+CONFIG_FILE = "translator.json"
+MODEL_FILE = "model.keras"
+
+
+def cached_step_function(model, source_ids, max_length, beam_size=1):
+    """The model's step function for `beam_search` and `greedy_search`.
+
+    The encoder runs once, here. Cross-attention keys and values are
+    computed once per sentence and shared by its beams; the self-attention
+    keys and values grow by one position per step in buffers of
+    `max_length` positions. Only those buffers are the search state, which
+    the search reorders as it chooses beams.
+
+    Args:
+        model: a `Transformer`.
+        source_ids: int `[B, S]`, each sentence followed by EOS, then 0s.
+        max_length: the most target positions decoded.
+        beam_size: the beams per sentence the step function will serve.
+
+    Returns:
+        `(step_fn, initial_state)`. `step_fn(ids, index, state)` feeds
+        `ids[:, index]` to `Transformer.decode_step` and returns the logits
+        of position `index + 1` and the updated buffers.
+    """
+    encoder_output, encoder_padding_mask = model.encode(source_ids)
+    cache = model.initial_cache(encoder_output, max_length)
+
+    def for_each_beam(x):  # [B, ...] -> [B * beam_size, ...]
+        return ops.repeat(x, beam_size, axis=0) if beam_size > 1 else x
+
+    cross_attention_cache = [
+        keras.tree.map_structure(for_each_beam, block["cross_attention"])
+        for block in cache
+    ]
+    encoder_padding_mask = for_each_beam(encoder_padding_mask)
+
+    def step_fn(ids, index, self_attention_cache):
+        target_ids = ops.slice(ids, [0, index], [ops.shape(ids)[0], 1])
+        logits, updated = model.decode_step(
+            target_ids,
+            [
+                {"self_attention": s, "cross_attention": c}
+                for s, c in zip(self_attention_cache, cross_attention_cache)
+            ],
+            index,
+            encoder_padding_mask,
+        )
+        return logits[:, 0], [block["self_attention"] for block in updated]
+
+    return step_fn, [block["self_attention"] for block in cache]
+
+
+def search_translations(
+    model,
+    source_ids,
+    sentence_max_length,
+    beam_size,
+    alpha,
+    max_extra_length,
+    bos_id,
+    eos_id,
+):
+    """Beam search (greedy search for a beam of 1) with the cached decoder.
+
+    Args:
+        model: a `Transformer`.
+        source_ids: int `[B, S]`, each sentence followed by EOS, then 0s.
+        sentence_max_length: int `[B]`, the most tokens each output may have.
+        beam_size: hypotheses kept per sentence; 1 searches greedily.
+        alpha: the length penalty exponent.
+        max_extra_length: how many positions past `S` an output may reach.
+        bos_id: the first target token.
+        eos_id: the token that ends a translation.
+
+    Returns:
+        `(ids [B, beam_size, S + max_extra_length], scores [B, beam_size])`,
+        best first.
+    """
+    max_length = ops.shape(source_ids)[1] + max_extra_length
+    step_fn, initial_state = cached_step_function(
+        model, source_ids, max_length, beam_size
+    )
+    initial_ids = ops.full((ops.shape(source_ids)[0],), bos_id, dtype="int32")
+    if beam_size == 1:
+        ids, scores = greedy_search(
+            step_fn,
+            initial_ids,
+            initial_state,
+            max_length=max_length,
+            eos_id=eos_id,
+            sentence_max_length=sentence_max_length,
+        )
+        return ids[:, None], scores[:, None]
+    return beam_search(
+        step_fn,
+        initial_ids,
+        initial_state,
+        beam_size=beam_size,
+        alpha=alpha,
+        max_length=max_length,
+        eos_id=eos_id,
+        sentence_max_length=sentence_max_length,
+    )
+
+
+class Translator:
+    """Translates text with a trained `Transformer` and its tokenizer.
+
+    Sentences are tokenized, sorted by length and decoded in batches of
+    similar length, then returned in their original order. The search is
+    the paper's (section 6.1): beam search with `beam_size=4`, length
+    penalty `alpha=0.6`, at most source length + 50 output tokens, stopping
+    when no hypothesis can improve. `beam_size=1` decodes greedily.
+
+    Empty and whitespace-only lines translate to "". Characters the
+    vocabulary lacks are spelled in bytes by the tokenizer. A line longer
+    than `max_source_length` tokens is cut to that length, with a warning
+    that names the line.
+
+    Batches are padded to a few fixed source lengths and to a power-of-two
+    number of rows, so a compiled backend compiles each shape once.
+
+    Args:
+        model: a trained `Transformer`.
+        tokenizer: its `SubwordTokenizer`.
+        beam_size: hypotheses kept per sentence; 1 is greedy search.
+        alpha: the length penalty exponent, lp = ((5 + length) / 6)^alpha.
+        max_extra_length: an output may have this many tokens more than its
+            source.
+        max_source_length: the most source tokens (EOS included) decoded;
+            longer lines are truncated.
+        batch_size: sentences decoded together.
+        jit_compile: compile with XLA under TensorFlow.
+
+    Example:
+        >>> translator = Translator.load("runs/quickstart")
+        >>> translator.translate(["the old man sees the dog ."])
+    """
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        beam_size=4,
+        alpha=0.6,
+        max_extra_length=50,
+        max_source_length=256,
+        batch_size=32,
+        jit_compile=False,
+    ):
+        for name, value, least in (
+            ("beam_size", beam_size, 1),
+            ("max_extra_length", max_extra_length, 1),
+            ("max_source_length", max_source_length, 2),
+            ("batch_size", batch_size, 1),
+        ):
+            if not isinstance(value, int) or value < least:
+                raise ValueError(
+                    f"{name} must be an integer >= {least}. Received: {name}={value!r}"
+                )
+        if alpha < 0:
+            raise ValueError(f"alpha must be >= 0. Received: alpha={alpha}")
+        if tokenizer.vocabulary_size != model.vocabulary_size:
+            raise ValueError(
+                "The tokenizer and the model disagree on the vocabulary: "
+                f"tokenizer.vocabulary_size={tokenizer.vocabulary_size}, "
+                f"model.vocabulary_size={model.vocabulary_size}"
+            )
+        self.model = model
+        self.tokenizer = tokenizer
+        self.beam_size = beam_size
+        self.alpha = float(alpha)
+        self.max_extra_length = max_extra_length
+        self.max_source_length = max_source_length
+        self.batch_size = batch_size
+        self.jit_compile = jit_compile
+        self._source_lengths = bucket_lengths(max_source_length, step=1.5)
+        self._search = CompiledFunction(
+            self._search_batch, model, input_ranks=(2, 1), jit_compile=jit_compile
+        )
+
+    def _search_batch(self, source_ids, sentence_max_length):
+        return search_translations(
+            self.model,
+            source_ids,
+            sentence_max_length,
+            beam_size=self.beam_size,
+            alpha=self.alpha,
+            max_extra_length=self.max_extra_length,
+            bos_id=self.tokenizer.bos_id,
+            eos_id=self.tokenizer.eos_id,
+        )
+
+    def translate(self, texts):
+        """Translates each string; returns a list of strings, aligned."""
+        return [hypotheses[0][0] for hypotheses in self.n_best(texts)]
+
+    def n_best(self, texts):
+        """All `beam_size` translations of each string, best first.
+
+        Returns:
+            For each string, a list of `(translation, score)` pairs, where
+            score is log P(translation) / lp(length) (greedy search: log P).
+            An empty line gets `[("", 0.0)]`.
+        """
+        texts = self._check_texts(texts)
+        results = [[("", 0.0)] for _ in texts]
+        for i, (_, ids, scores) in self.search(texts).items():
+            translations = self._detokenize(ids)
+            results[i] = [(t, float(s)) for t, s in zip(translations, scores)]
+        return results
+
+    def search(self, texts):
+        """Token ids of the search, for the non-blank strings.
+
+        Returns:
+            A dict from the index of each non-blank string to
+            `(source_ids, ids, scores)`: the source ids as decoded (EOS
+            last), int `[beam_size, length]` output ids (EOS, then 0s) and
+            float `[beam_size]` scores, best first.
+        """
+        sources = self._source_ids(self._check_texts(texts))
+        order = sorted(sources, key=lambda i: len(sources[i]))
+        results = {}
+        for start in range(0, len(order), self.batch_size):
+            rows = order[start : start + self.batch_size]
+            source_ids, limits = self._batch(
+                [sources[i] for i in rows], rows_wanted=self._rows_for(len(rows))
+            )
+            ids, scores = self._search(source_ids, limits)
+            for row, i in enumerate(rows):
+                results[i] = (sources[i], ids[row], scores[row])
+        return results
+
+    def _check_texts(self, texts):
+        if isinstance(texts, (str, bytes)):
+            raise TypeError(
+                "translate() takes a list of strings. Received a single "
+                f"{type(texts).__name__}: {texts[:50]!r}; wrap it in a list."
+            )
+        texts = list(texts)
+        for i, text in enumerate(texts):
+            if isinstance(text, bytes):
+                try:
+                    texts[i] = text.decode("utf-8")
+                except UnicodeDecodeError as error:
+                    raise ValueError(
+                        f"texts[{i}] is not valid UTF-8 ({error}). "
+                        f"Received: {text[:50]!r}"
+                    ) from None
+            elif not isinstance(text, str):
+                raise TypeError(
+                    f"texts[{i}] must be a string. Received: "
+                    f"{type(text).__name__} {text!r}"
+                )
+        return texts
+
+    def _source_ids(self, texts):
+        """Token ids of each non-blank line, followed by EOS, by line index."""
+        lines = [i for i, text in enumerate(texts) if text.strip()]
+        if not lines:
+            return {}
+        tokenized = self.tokenizer.tokenize([texts[i] for i in lines]).to_list()
+        sources = {}
+        for i, ids in zip(lines, tokenized):
+            if len(ids) + 1 > self.max_source_length:
+                warnings.warn(
+                    f"Line {i} has {len(ids)} subword tokens, more than "
+                    f"max_source_length={self.max_source_length} allows "
+                    f"(EOS included); translating its first "
+                    f"{self.max_source_length - 1} tokens only.",
+                    stacklevel=4,
+                )
+                ids = ids[: self.max_source_length - 1]
+            sources[i] = ids + [self.tokenizer.eos_id]
+        return sources
+
+    def _rows_for(self, count):
+        rows = 1
+        while rows < count:
+            rows *= 2
+        return min(rows, self.batch_size)
+
+    def _batch(self, sources, rows_wanted):
+        """Pads to a bucket length, and to `rows_wanted` rows by repeating
+        the last sentence (whose search then ends with it)."""
+        longest = max(len(ids) for ids in sources)
+        length = next(n for n in self._source_lengths if n >= longest)
+        sources = sources + [sources[-1]] * (rows_wanted - len(sources))
+        source_ids = np.zeros((len(sources), length), "int32")
+        for row, ids in enumerate(sources):
+            source_ids[row, : len(ids)] = ids
+        # "input length + 50": the source tokens before EOS.
+        limits = np.array([len(ids) - 1 + self.max_extra_length for ids in sources], "int32")
+        return source_ids, limits
+
+    def _detokenize(self, beams):
+        """Strings from `[beam, length]` ids, each cut at its first EOS."""
+        rows = []
+        for ids in beams.tolist():
+            if self.tokenizer.eos_id in ids:
+                ids = ids[: ids.index(self.tokenizer.eos_id)]
+            rows.append([t for t in ids if t != 0])
+        strings = self.tokenizer.detokenize(tf.ragged.constant(rows, dtype=tf.int32, ragged_rank=1))
+        return [s.decode("utf-8") for s in strings.numpy()]
+
+    def get_config(self):
+        return {
+            "beam_size": self.beam_size,
+            "alpha": self.alpha,
+            "max_extra_length": self.max_extra_length,
+            "max_source_length": self.max_source_length,
+            "batch_size": self.batch_size,
+        }
+
+    def save(self, directory):
+        """Writes the model, the vocabulary and the search settings.
+
+        The directory then holds `model.keras`, `subword.model`,
+        `subword.json` and `translator.json`; `Translator.load` reads it
+        under any backend.
+        """
+        os.makedirs(directory, exist_ok=True)
+        self.model.save(os.path.join(directory, MODEL_FILE))
+        self.tokenizer.save(directory)
+        with open(os.path.join(directory, CONFIG_FILE), "w") as f:
+            json.dump(self.get_config(), f, indent=2)
+
+    @classmethod
+    def load(cls, directory, **overrides):
+        """A `Translator` from a directory written by `save`.
+
+        Args:
+            directory: the directory.
+            **overrides: settings that replace the saved ones, such as
+                `beam_size=1`.
+        """
+        model_path = os.path.join(directory, MODEL_FILE)
+        if not os.path.isfile(model_path):
+            raise FileNotFoundError(
+                f"No {MODEL_FILE} in {directory!r}. Expected a directory "
+                "written by Translator.save (model.keras, subword.model, "
+                "subword.json, translator.json)."
+            )
+        config = {}
+        config_path = os.path.join(directory, CONFIG_FILE)
+        if os.path.isfile(config_path):
+            with open(config_path) as f:
+                config = json.load(f)
+        config.update(overrides)
+        model = keras.saving.load_model(model_path, compile=False)
+        tokenizer = SubwordTokenizer.load(directory)
+        return cls(model, tokenizer, **config)

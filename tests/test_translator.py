@@ -1,0 +1,294 @@
+"""Translator, the model's cached step function, the CLI and attention plots."""
+
+import itertools
+import os
+import subprocess
+import sys
+import warnings
+
+import keras
+import numpy as np
+import pytest
+from conftest import to_numpy
+
+import keras_transformer as kt
+from keras_transformer import cli
+from keras_transformer.data import SubwordTokenizer
+from keras_transformer.data import builtin_corpus
+from keras_transformer.decoding import Translator
+from keras_transformer.decoding import beam_search
+from keras_transformer.decoding import cached_step_function
+from keras_transformer.decoding import cross_attention_map
+from keras_transformer.decoding import greedy_search
+from keras_transformer.decoding import plot_cross_attention
+
+SENTENCES = [
+    "the old man sees the dog .",
+    "a woman helps the small child .",
+    "",
+    "because the dog sleeps , the man reads a book .",
+    "the cat .",
+    "   ",
+    "today the young woman visits the old man in the big house .",
+    "the man sees a dog and the woman sees a cat .",
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return SubwordTokenizer.train(builtin_corpus("train", size=300, seed=0), 400)
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    """An untrained tiny model that ends its outputs after different numbers
+    of steps: EOS gets the (shared) embedding of a token the model emits
+    often, plus noise, so that the two compete."""
+    keras.utils.set_random_seed(7)
+    model = kt.build_transformer("tiny", vocabulary_size=tokenizer.vocabulary_size)
+    translator = Translator(model, tokenizer, beam_size=3, batch_size=4, max_extra_length=6)
+    emitted = np.concatenate([ids[0] for _, ids, _ in translator.search(SENTENCES).values()])
+    embedding = model.source_embedding.embeddings
+    weights = to_numpy(embedding)
+    noise = np.random.default_rng(0).normal(size=weights.shape[1]) / np.sqrt(weights.shape[1])
+    favourites = np.argsort(-np.bincount(emitted[emitted > 0]))[:3]
+    for favourite, scale in itertools.product(favourites, (0.3, 0.1, 0.6, 1.0)):
+        weights[tokenizer.eos_id] = weights[favourite] + scale * noise
+        embedding.assign(weights)
+        if len(end_positions(translator)) > 2:
+            break
+    return model
+
+
+def end_positions(translator):
+    """Where the best hypothesis of each sentence ends."""
+    eos_id = translator.tokenizer.eos_id
+    return {
+        list(ids[0]).index(eos_id) if eos_id in ids[0] else None
+        for _, ids, _ in translator.search(SENTENCES).values()
+    }
+
+
+def source_batch(tokenizer, sentences):
+    rows = [ids + [tokenizer.eos_id] for ids in tokenizer.tokenize(sentences).to_list()]
+    source_ids = np.zeros((len(rows), max(map(len, rows))), "int32")
+    for i, ids in enumerate(rows):
+        source_ids[i, : len(ids)] = ids
+    return source_ids
+
+
+def test_a_batch_translates_as_its_sentences_one_by_one(model, tokenizer):
+    translator = Translator(model, tokenizer, beam_size=3, batch_size=4, max_extra_length=6)
+    together = translator.n_best(SENTENCES)
+    assert len(end_positions(translator)) > 2  # the premise: outputs end at different steps
+    for sentence, hypotheses in zip(SENTENCES, together):
+        alone = translator.n_best([sentence])[0]
+        assert [t for t, _ in alone] == [t for t, _ in hypotheses]
+        np.testing.assert_allclose([s for _, s in alone], [s for _, s in hypotheses], atol=1e-4)
+
+
+def test_beam_size_one_without_length_penalty_is_greedy_on_the_model(model, tokenizer):
+    source_ids = source_batch(tokenizer, [s for s in SENTENCES if s.strip()])
+    bos = keras.ops.full((len(source_ids),), tokenizer.bos_id, dtype="int32")
+    results = []
+    for search, arguments in ((greedy_search, {}), (beam_search, {"beam_size": 1, "alpha": 0.0})):
+        step_fn, state = cached_step_function(model, source_ids, max_length=12)
+        ids, scores = search(step_fn, bos, state, max_length=12, eos_id=tokenizer.eos_id, **arguments)
+        results.append((to_numpy(ids).reshape(len(source_ids), -1), to_numpy(scores).reshape(-1)))
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    np.testing.assert_allclose(results[0][1], results[1][1], atol=1e-5)
+
+
+def test_greedy_translator_equals_argmax_over_full_recomputation(model, tokenizer):
+    translator = Translator(model, tokenizer, beam_size=1, max_extra_length=6)
+    found = translator.search(SENTENCES)
+    source_ids = source_batch(tokenizer, [SENTENCES[i] for i in found])
+    limits = [len(source) - 1 + 6 for source, _, _ in found.values()]
+    # Recompute the whole model on every prefix, without a cache. The
+    # prefixes sit in a zero-padded buffer of one shape (target padding does
+    # not change earlier positions), so compiled backends compile once.
+    targets = np.zeros((len(found), max(limits) + 1), "int32")
+    targets[:, 0] = tokenizer.bos_id
+    done = np.zeros(len(found), bool)
+    for step in range(max(limits)):
+        logits = to_numpy(model({"source_ids": source_ids, "target_ids": targets}))
+        tokens = np.argmax(logits[:, step], axis=-1)
+        writing = ~done & (step < np.array(limits))
+        targets[writing, step + 1] = tokens[writing]
+        done |= writing & (tokens == tokenizer.eos_id)
+    for row, (_, ids, _) in enumerate(found.values()):
+        np.testing.assert_array_equal(ids[0, : max(limits)], targets[row, 1:])
+
+
+def test_cached_step_function_gives_the_full_model_logits(model, tokenizer):
+    source_ids = source_batch(tokenizer, SENTENCES[:2])
+    target_ids = np.array([[tokenizer.bos_id, 17, 25, 40, 9], [tokenizer.bos_id, 8, 8, 60, 3]], "int32")
+    full = to_numpy(model({"source_ids": source_ids, "target_ids": target_ids}))
+    step_fn, state = cached_step_function(model, source_ids, max_length=5)
+    for index in range(5):
+        logits, state = step_fn(target_ids, index, state)
+        np.testing.assert_allclose(to_numpy(logits), full[:, index], atol=1e-5)
+
+
+def test_a_second_batch_of_the_same_bucket_is_not_traced_again(model, tokenizer):
+    translator = Translator(model, tokenizer, beam_size=2, batch_size=2, max_extra_length=4)
+
+    def shape(texts):
+        sources = translator._source_ids(texts)
+        return translator._batch(list(sources.values()), rows_wanted=2)[0].shape
+
+    pairs = [SENTENCES[i : i + 2] for i in range(len(SENTENCES) - 1)]
+    first, second = next(
+        (a, b) for a, b in itertools.combinations(pairs, 2) if shape(a) == shape(b) and all(t.strip() for t in a + b)
+    )  # two different batches of one bucket
+    translator.translate(first)
+    translator.translate(second)
+    # torch has no compiled loop: it runs the search eagerly on every call.
+    assert translator._search.traces == (2 if keras.backend.backend() == "torch" else 1)
+
+
+def test_empty_blank_and_unknown_characters_are_translated_not_fatal(model, tokenizer):
+    translator = Translator(model, tokenizer, beam_size=2, max_extra_length=4)
+    texts = ["", " \t ", "日本語 😀 ∑", "the man ."]
+    translations = translator.translate(texts)
+    assert len(translations) == 4 and all(isinstance(t, str) for t in translations)
+    assert translations[:2] == ["", ""]
+    assert translator.n_best([""]) == [[("", 0.0)]]
+
+
+def test_over_long_lines_are_truncated_with_a_warning(model, tokenizer):
+    translator = Translator(model, tokenizer, beam_size=2, max_extra_length=4, max_source_length=12)
+    long_line = " ".join(["the old man sees the dog ."] * 6)
+    with pytest.warns(UserWarning, match=r"Line 1 has \d+ subword tokens, more than max_source_length=12"):
+        translations = translator.translate(["the man .", long_line])
+    truncated = tokenizer.detokenize(tokenizer.tokenize(long_line)[:11]).numpy().decode()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        assert translator.translate([truncated]) == translations[1:]
+
+
+def test_bad_inputs_get_clear_errors(model, tokenizer):
+    translator = Translator(model, tokenizer)
+    with pytest.raises(TypeError, match="takes a list of strings. Received a single str"):
+        translator.translate("the man .")
+    with pytest.raises(TypeError, match=r"texts\[1\] must be a string. Received: int 5"):
+        translator.translate(["the man .", 5])
+    with pytest.raises(ValueError, match=r"texts\[0\] is not valid UTF-8"):
+        translator.translate([b"\xff\xfe"])
+    with pytest.raises(ValueError, match="beam_size must be an integer >= 1. Received: beam_size=0"):
+        Translator(model, tokenizer, beam_size=0)
+    small = SubwordTokenizer.train(builtin_corpus("train", size=100, seed=1), 350)
+    with pytest.raises(ValueError, match="disagree on the vocabulary"):
+        Translator(model, small)
+    with pytest.raises(FileNotFoundError, match="No model.keras in"):
+        Translator.load("/nonexistent/run")
+
+
+def test_save_and_load_keep_the_model_vocabulary_and_settings(model, tokenizer, tmp_path):
+    translator = Translator(model, tokenizer, beam_size=3, alpha=0.8, max_extra_length=5)
+    translator.save(tmp_path)
+    loaded = Translator.load(tmp_path)
+    assert loaded.get_config() == translator.get_config()
+    sentences = [s for s in SENTENCES if s.strip()][:4]
+    assert loaded.translate(sentences) == translator.translate(sentences)
+    assert Translator.load(tmp_path, beam_size=1).beam_size == 1
+
+
+def test_cross_attention_map_rows_are_distributions_over_the_source(model, tokenizer):
+    translator = Translator(model, tokenizer, beam_size=2, max_extra_length=6)
+    translation, source_pieces, target_pieces, weights = cross_attention_map(translator, SENTENCES[0])
+    assert source_pieces[-1] == "</s>" and "".join(source_pieces[:-1]).replace("▁", " ").strip() == SENTENCES[0]
+    assert weights.shape == (len(target_pieces), len(source_pieces))
+    np.testing.assert_allclose(weights.sum(axis=1), 1.0, atol=1e-5)
+    assert translation == translator.translate([SENTENCES[0]])[0]
+    # Padding the source does not move any weight onto the padding.
+    source_ids = source_batch(tokenizer, SENTENCES[:1])
+    padded = np.pad(source_ids, [(0, 0), (0, 3)])
+    decoder_input = np.array([[tokenizer.bos_id, 10, 11]], "int32")
+    unpadded_weights = to_numpy(model.cross_attention_weights(source_ids, decoder_input)[-1])
+    padded_weights = to_numpy(model.cross_attention_weights(padded, decoder_input)[-1])
+    np.testing.assert_allclose(padded_weights[..., : source_ids.shape[1]], unpadded_weights, atol=1e-6)
+    assert np.all(padded_weights[..., source_ids.shape[1] :] == 0)
+
+
+def test_attention_plot_is_a_png_heatmap(model, tokenizer, tmp_path):
+    from matplotlib.image import imread
+
+    translator = Translator(model, tokenizer, beam_size=2, max_extra_length=6)
+    short_path, long_path = tmp_path / "short.png", tmp_path / "long.png"
+    plot_cross_attention(translator, "the cat .", short_path)
+    plot_cross_attention(translator, SENTENCES[6], long_path)
+    short, long = imread(short_path), imread(long_path)
+    assert open(short_path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    assert long.shape[1] > short.shape[1]  # one column per source piece
+    with pytest.raises(ValueError, match="nothing to plot for an empty"):
+        plot_cross_attention(translator, "  ", tmp_path / "empty.png")
+
+
+@pytest.fixture(scope="module")
+def model_dir(model, tokenizer, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("translator")
+    Translator(model, tokenizer, beam_size=2, max_extra_length=6).save(directory)
+    return directory
+
+
+def test_cli_translates_a_file_line_by_line(model_dir, tmp_path, capsys):
+    source = tmp_path / "input.en"
+    source.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
+    output = tmp_path / "output.de"
+    cli.main(["translate", "--model-dir", str(model_dir), "--input", str(source), "--output", str(output)])
+    lines = output.read_text(encoding="utf-8").split("\n")
+    assert lines[-1] == "" and len(lines) - 1 == len(SENTENCES)
+    expected = Translator.load(model_dir).translate(SENTENCES)
+    assert lines[:-1] == expected
+
+
+def test_cli_evaluate_prints_bleu_chrf_and_signatures(model_dir, tmp_path, capsys):
+    import sacrebleu
+
+    sources = [s for s in SENTENCES if s.strip()]
+    references = [f"Referenz {i} ." for i in range(len(sources))]
+    (tmp_path / "test.en").write_text("\n".join(sources) + "\n", encoding="utf-8")
+    (tmp_path / "test.de").write_text("\n".join(references) + "\n", encoding="utf-8")
+    cli.main([
+        "evaluate", "--model-dir", str(model_dir), "--source", str(tmp_path / "test.en"),
+        "--reference", str(tmp_path / "test.de"), "--output", str(tmp_path / "hyp.de"),
+    ])
+    printed = capsys.readouterr().out
+    hypotheses = (tmp_path / "hyp.de").read_text(encoding="utf-8").splitlines()
+    bleu = sacrebleu.corpus_bleu(hypotheses, [references])
+    assert f"BLEU = {bleu.score:.2f}" in printed
+    assert "chrF2 = " in printed
+    assert "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in printed
+    assert f"{len(sources)} sentences" in printed and "beam 2, alpha 0.6" in printed
+
+
+def test_cli_reports_bad_files(model_dir, tmp_path):
+    (tmp_path / "a.en").write_text("one\ntwo\n", encoding="utf-8")
+    (tmp_path / "a.de").write_text("eins\n", encoding="utf-8")
+    with pytest.raises(SystemExit, match="a.en has 2 lines but .*a.de has 1"):
+        cli.main(["evaluate", "--model-dir", str(model_dir), "--source", str(tmp_path / "a.en"),
+                  "--reference", str(tmp_path / "a.de")])
+    (tmp_path / "bad.en").write_bytes(b"fine\nnot \xff utf-8\n")
+    with pytest.raises(SystemExit, match=r"bad.en:2: invalid UTF-8"):
+        cli.main(["translate", "--model-dir", str(model_dir), "--input", str(tmp_path / "bad.en")])
+    with pytest.raises(SystemExit, match="No model.keras in"):
+        cli.main(["translate", "--model-dir", str(tmp_path / "missing")])
+
+
+def test_cli_plot_attention_writes_a_png(model_dir, tmp_path, capsys):
+    path = tmp_path / "attention.png"
+    cli.main(["plot-attention", "--model-dir", str(model_dir), "--text", SENTENCES[0], "--output", str(path)])
+    assert path.read_bytes()[:4] == b"\x89PNG"
+    assert f"Saved the cross-attention heatmap to {path}" in capsys.readouterr().out
+
+
+def test_python_dash_m_reads_stdin_and_writes_stdout(model_dir):
+    result = subprocess.run(
+        [sys.executable, "-m", "keras_transformer", "translate", "--model-dir", str(model_dir)],
+        input="the man .\n\nthe dog .\n".encode(), capture_output=True, timeout=300,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    lines = result.stdout.decode("utf-8").split("\n")
+    assert len(lines) == 4 and lines[1] == "" and lines[3] == ""
