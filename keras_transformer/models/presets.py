@@ -19,6 +19,16 @@ PRESETS = {
         "num_heads": 16,
         "dropout": 0.3,
     },
+    # Not in the paper: the size of Tensor2Tensor's `transformer_small`,
+    # for small corpora and CPU experiments.
+    "small": {
+        "vocabulary_size": 8000,
+        "num_layers": 2,
+        "d_model": 256,
+        "d_ff": 1024,
+        "num_heads": 4,
+        "dropout": 0.1,
+    },
     # Not in the paper: small enough to train in seconds on a CPU, for tests
     # and the quick start.
     "tiny": {
