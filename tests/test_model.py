@@ -139,8 +139,8 @@ def test_mixed_precision_gives_float32_logits_and_decodes(batch):
 
 
 def test_unknown_preset_is_rejected():
-    with pytest.raises(ValueError, match=r"Expected one of \['base', 'big', 'tiny'\]. Received: preset='small'"):
-        kt.build_transformer("small")
+    with pytest.raises(ValueError, match=r"Expected one of \['base', 'big', 'small', 'tiny'\]. Received: preset='large'"):
+        kt.build_transformer("large")
 
 
 def test_unknown_override_is_rejected():
