@@ -109,54 +109,64 @@ def beam_search(
         )
 
     positions = ops.arange(max_length + 1, dtype="int32")  # [L + 1]
-    alive_ids = ops.where(
-        ops.equal(positions, 0)[None, None, :],
-        initial_ids[:, None, None],
-        ops.zeros((batch_size, beam_size, max_length + 1), dtype="int32"),
-    )  # [B, K, L + 1]
-    # Only beam 0 is real at the start, so the first step expands it alone.
-    alive_log_probs = ops.where(
-        ops.equal(ops.arange(beam_size), 0)[None, :],
-        ops.zeros((batch_size, beam_size), dtype="float32"),
-        ops.full((batch_size, beam_size), NEG_INF, dtype="float32"),
-    )  # [B, K]
-    finished_ids = ops.zeros((batch_size, beam_size, max_length + 1), dtype="int32")
-    finished_scores = ops.full((batch_size, beam_size), NEG_INF, dtype="float32")
-    finished_flags = ops.zeros((batch_size, beam_size), dtype="bool")
-    state = keras.tree.map_structure(
-        lambda x: ops.repeat(x, beam_size, axis=0), initial_state
-    )  # [B * K, ...]
-    index = ops.convert_to_tensor(0, dtype="int32")
+    # The loop state. Only beam 0 is real at the start, so that the first
+    # step expands it alone.
+    initial = {
+        "index": ops.convert_to_tensor(0, dtype="int32"),  # [], int32
+        "alive_ids": ops.where(
+            ops.equal(positions, 0)[None, None, :],
+            initial_ids[:, None, None],
+            ops.zeros((batch_size, beam_size, max_length + 1), dtype="int32"),
+        ),  # [B, K, L + 1], int32
+        "alive_log_probs": ops.where(
+            ops.equal(ops.arange(beam_size), 0)[None, :],
+            ops.zeros((batch_size, beam_size), dtype="float32"),
+            ops.full((batch_size, beam_size), NEG_INF, dtype="float32"),
+        ),  # [B, K], float32
+        "finished_ids": ops.zeros(
+            (batch_size, beam_size, max_length + 1), dtype="int32"
+        ),  # [B, K, L + 1], int32
+        "finished_scores": ops.full(
+            (batch_size, beam_size), NEG_INF, dtype="float32"
+        ),  # [B, K], float32, log P / lp
+        "finished_flags": ops.zeros((batch_size, beam_size), dtype="bool"),  # [B, K]
+        "state": keras.tree.map_structure(
+            lambda x: ops.repeat(x, beam_size, axis=0), initial_state
+        ),  # [B * K, ...]
+    }
 
-    def sentence_done(index, alive_log_probs, finished_scores, finished_flags):
-        best_alive = alive_log_probs[:, 0] / best_possible_lp  # [B]
+    def sentence_done(search):
+        best_alive = search["alive_log_probs"][:, 0] / best_possible_lp  # [B]
         worst_finished = ops.min(
-            ops.where(finished_flags, finished_scores, NEG_INF), axis=1
+            ops.where(search["finished_flags"], search["finished_scores"], NEG_INF),
+            axis=1,
         )  # [B]; NEG_INF until beam_size hypotheses finished
         return ops.logical_or(
             ops.logical_or(
                 ops.greater(worst_finished, best_alive),
-                ops.less(alive_log_probs[:, 0], NEG_INF / 2),  # nothing alive
+                ops.less(search["alive_log_probs"][:, 0], NEG_INF / 2),  # nothing alive
             ),
-            ops.greater_equal(index, sentence_max_length),
+            ops.greater_equal(search["index"], sentence_max_length),
         )
 
-    def condition(index, alive_ids, alive_log_probs, finished_ids, finished_scores, finished_flags, state):
-        all_done = ops.all(
-            sentence_done(index, alive_log_probs, finished_scores, finished_flags)
+    def condition(search):
+        return ops.logical_and(
+            ops.less(search["index"], max_length),
+            ops.logical_not(ops.all(sentence_done(search))),
         )
-        return ops.logical_and(ops.less(index, max_length), ops.logical_not(all_done))
 
-    def body(index, alive_ids, alive_log_probs, finished_ids, finished_scores, finished_flags, state):
+    def body(search):
+        index = search["index"]
+        alive_ids = search["alive_ids"]
         flat_ids = ops.reshape(alive_ids, (-1, max_length + 1))  # [B * K, L + 1]
-        logits, new_state = step_fn(flat_ids, index, state)
+        logits, new_state = step_fn(flat_ids, index, search["state"])
         log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
         vocabulary_size = ops.shape(log_probs)[-1]
         log_probs = ops.reshape(log_probs, (batch_size, beam_size, vocabulary_size))
 
         # The 2K best extensions of the alive hypotheses.
         candidate_log_probs = ops.reshape(
-            alive_log_probs[:, :, None] + log_probs,
+            search["alive_log_probs"][:, :, None] + log_probs,
             (batch_size, beam_size * vocabulary_size),
         )
         top_log_probs, top_indices = ops.top_k(candidate_log_probs, 2 * beam_size)
@@ -176,14 +186,9 @@ def beam_search(
             ops.where(ends, NEG_INF, top_log_probs), beam_size
         )
         new_alive_ids = gather_beams(top_ids, alive_choice)
-        alive_ids = ops.where(active[:, :, None], new_alive_ids, alive_ids)
-        alive_log_probs = ops.where(active, new_alive_log_probs, alive_log_probs)
         origin = ops.take_along_axis(top_beams, alive_choice, axis=1)  # [B, K]
         state_rows = ops.reshape(
             origin + ops.arange(batch_size)[:, None] * beam_size, (-1,)
-        )
-        state = keras.tree.map_structure(
-            lambda x: ops.take(x, state_rows, axis=0), new_state
         )
 
         # Finished: the old set and the ending extensions among the first K.
@@ -193,59 +198,47 @@ def beam_search(
             new_flags, top_log_probs / length_penalty(index + 1, alpha), NEG_INF
         )
         finished_scores, finished_choice = ops.top_k(
-            ops.concatenate([finished_scores, new_scores], axis=1), beam_size
+            ops.concatenate([search["finished_scores"], new_scores], axis=1),
+            beam_size,
         )
-        finished_ids = gather_beams(
-            ops.concatenate([finished_ids, top_ids], axis=1), finished_choice
-        )
-        finished_flags = ops.take_along_axis(
-            ops.concatenate([finished_flags, new_flags], axis=1),
-            finished_choice,
-            axis=1,
-        )
-        return (
-            index + 1,
-            alive_ids,
-            alive_log_probs,
-            finished_ids,
-            finished_scores,
-            finished_flags,
-            state,
-        )
+        return {
+            "index": index + 1,
+            "alive_ids": ops.where(active[:, :, None], new_alive_ids, alive_ids),
+            "alive_log_probs": ops.where(
+                active, new_alive_log_probs, search["alive_log_probs"]
+            ),
+            "finished_ids": gather_beams(
+                ops.concatenate([search["finished_ids"], top_ids], axis=1),
+                finished_choice,
+            ),
+            "finished_scores": finished_scores,
+            "finished_flags": ops.take_along_axis(
+                ops.concatenate([search["finished_flags"], new_flags], axis=1),
+                finished_choice,
+                axis=1,
+            ),
+            "state": keras.tree.map_structure(
+                lambda x: ops.take(x, state_rows, axis=0), new_state
+            ),
+        }
 
-    (
-        index,
-        alive_ids,
-        alive_log_probs,
-        finished_ids,
-        finished_scores,
-        finished_flags,
-        state,
-    ) = ops.while_loop(
-        condition,
-        body,
-        (
-            index,
-            alive_ids,
-            alive_log_probs,
-            finished_ids,
-            finished_scores,
-            finished_flags,
-            state,
-        ),
-    )
+    search = ops.while_loop(condition, body, initial)
 
     # Finished hypotheses first (they are sorted and come before the empty
     # slots), then the best alive ones, which reached the sentence's limit.
-    alive_scores = alive_log_probs / best_possible_lp[:, None]
-    num_finished = ops.sum(ops.cast(finished_flags, "int32"), axis=1)[:, None]
+    alive_scores = search["alive_log_probs"] / best_possible_lp[:, None]
+    num_finished = ops.sum(ops.cast(search["finished_flags"], "int32"), axis=1)[:, None]
     slots = ops.arange(beam_size, dtype="int32")[None, :]
     choice = ops.where(
         ops.less(slots, num_finished), slots, beam_size + slots - num_finished
     )  # [B, K] into the 2K finished-then-alive hypotheses
-    ids = gather_beams(ops.concatenate([finished_ids, alive_ids], axis=1), choice)
+    ids = gather_beams(
+        ops.concatenate([search["finished_ids"], search["alive_ids"]], axis=1), choice
+    )
     scores = ops.take_along_axis(
-        ops.concatenate([finished_scores, alive_scores], axis=1), choice, axis=1
+        ops.concatenate([search["finished_scores"], alive_scores], axis=1),
+        choice,
+        axis=1,
     )
     return ids[:, :, 1:], scores
 

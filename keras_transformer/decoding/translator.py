@@ -222,9 +222,15 @@ class Translator:
         """
         texts = self._check_texts(texts)
         results = [[("", 0.0)] for _ in texts]
-        for i, (_, ids, scores) in self.search(texts).items():
-            translations = self._detokenize(ids)
-            results[i] = [(t, float(s)) for t, s in zip(translations, scores)]
+        found = self.search(texts)
+        if not found:
+            return results
+        # One detokenizer call for every hypothesis of every sentence.
+        translations = iter(
+            self._detokenize([row for _, ids, _ in found.values() for row in ids.tolist()])
+        )
+        for i, (_, ids, scores) in found.items():
+            results[i] = [(next(translations), float(score)) for score in scores]
         return results
 
     def search(self, texts):
@@ -311,10 +317,10 @@ class Translator:
         limits = np.array([len(ids) - 1 + self.max_extra_length for ids in sources], "int32")
         return source_ids, limits
 
-    def _detokenize(self, beams):
-        """Strings from `[beam, length]` ids, each cut at its first EOS."""
+    def _detokenize(self, id_lists):
+        """Strings from lists of ids, each cut at its first EOS."""
         rows = []
-        for ids in beams.tolist():
+        for ids in id_lists:
             if self.tokenizer.eos_id in ids:
                 ids = ids[: ids.index(self.tokenizer.eos_id)]
             rows.append([t for t in ids if t != 0])
