@@ -1,10 +1,11 @@
-"""The command line: translate text, score a test set, plot attention.
+"""The command line: translate, score a test set, plot attention, export.
 
     python -m keras_transformer translate --model-dir runs/quickstart < in.en > out.de
     python -m keras_transformer evaluate --model-dir runs/quickstart \\
         --source test.en --reference test.de
     python -m keras_transformer plot-attention --model-dir runs/quickstart \\
         --text "the old man sees the dog ." --output attention.png
+    python -m keras_transformer export --model-dir runs/quickstart --name quickstart
 
 `--model-dir` is a directory written by `Translator.save` (the recipes
 write one). The same commands run as `keras-transformer ...` once the
@@ -12,6 +13,7 @@ package is installed.
 """
 
 import argparse
+import os
 import sys
 
 from keras_transformer.data.corpus import decode_lines
@@ -95,6 +97,19 @@ def plot_attention(args):
     print(f"Saved the cross-attention heatmap to {args.output}")
 
 
+def export(args):
+    from keras_transformer.export import export_new_version
+    from keras_transformer.export import export_saved_model
+
+    translator = _load_translator(args)
+    if args.output:
+        path = export_saved_model(translator, args.output)
+    else:
+        name = args.name or os.path.basename(os.path.normpath(args.model_dir))
+        path = export_new_version(translator, name, base_dir=args.base_dir)
+    print(f"Exported a SavedModel to {path} (beam {translator.beam_size}, alpha {translator.alpha})")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="keras-transformer", description="Translate with a trained Transformer."
@@ -121,8 +136,17 @@ def main(argv=None):
     command.add_argument("--layer", type=int, default=-1, help="decoder block (default: the last)")
     command.set_defaults(run=plot_attention)
 
+    command = commands.add_parser("export", help="a SavedModel for TF Serving")
+    _add_search_arguments(command)
+    command.add_argument("--name", help="the model name under --base-dir (default: --model-dir's name)")
+    command.add_argument(
+        "--base-dir", default="saved_models", help="TF Serving's model base path (default: saved_models)"
+    )
+    command.add_argument("--output", help="export to exactly this directory instead of a new version")
+    command.set_defaults(run=export)
+
     args = parser.parse_args(argv)
     try:
         args.run(args)
-    except (ValueError, FileNotFoundError, TypeError) as error:
+    except (ValueError, FileNotFoundError, FileExistsError, TypeError) as error:
         raise SystemExit(f"error: {error}") from None

@@ -1,0 +1,277 @@
+"""A SavedModel for TF Serving: raw text in, translations out.
+
+This is the one module that knows how a Keras model becomes a TensorFlow
+graph. Under the TensorFlow backend the model's variables are the graph's
+variables. A model trained under JAX or torch is saved as a `.keras` file
+and exported by a TensorFlow-backend process that loads it, so the exported
+graph is the same whichever backend trained the weights.
+
+The graph tokenizes with tensorflow-text's SentencePiece op, runs the
+encoder once, searches with `search_translations` (the Translator's beam
+search, the same `keras.ops` code traced into TensorFlow) and detokenizes.
+A server that links tensorflow-text needs nothing else.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import keras
+import tensorflow as tf
+import tensorflow_text
+
+from keras_transformer.data.pipeline import bucket_lengths
+from keras_transformer.decoding.translator import search_translations
+
+TEXT_SIGNATURE = "serving_default"
+IDS_SIGNATURE = "translate_ids"
+SUBWORD_ASSET = "subword.model"
+SETTINGS_ASSET = "translator.json"
+
+# Python's str.isspace(), in RE2: the Translator's "blank line" test.
+_BLANK = r"[\s\x{0B}\x{1C}-\x{1F}\x{85}\p{Z}]*"
+
+
+def export_saved_model(translator, path):
+    """Writes `translator` as a SavedModel that TF Serving can load.
+
+    Signatures:
+        `serving_default`: `text` (string `[batch]`) -> `translation`
+            (string `[batch]`) and `score` (float32 `[batch]`, log P / lp of
+            the best hypothesis). Tokenizing, beam search with the
+            translator's `beam_size` and `alpha`, and detokenizing all run in
+            the graph.
+        `translate_ids`: `source_ids` (int32 `[batch, length]`, subword ids
+            without EOS, padded with 0) -> `target_ids` (int32
+            `[batch, length]`, without BOS and EOS, padded with 0) and
+            `score`.
+
+    Rows are independent: an empty or whitespace-only line gives "" and
+    score 0; a line longer than `max_source_length` tokens is cut, as
+    `Translator` cuts it; bytes that are not UTF-8 become U+FFFD instead of
+    failing the batch, which a server may have assembled from several
+    clients' requests. An empty batch gives empty outputs.
+
+    The SentencePiece model is stored in `assets/subword.model` (for
+    clients of `translate_ids`) and the search settings in
+    `assets/translator.json`.
+
+    Under JAX or torch the export runs in a TensorFlow-backend subprocess
+    that loads the translator's saved model file.
+
+    Args:
+        translator: a `keras_transformer.Translator`.
+        path: the directory to create; it must not exist or be empty.
+
+    Returns:
+        `path`.
+    """
+    path = os.fspath(path)
+    if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
+        raise FileExistsError(
+            f"Will not export into {path!r}: it exists and is not an empty "
+            "directory. Choose a new path, or use export_new_version()."
+        )
+    if keras.backend.backend() == "tensorflow":
+        _write_saved_model(translator, path)
+    else:
+        _export_in_tensorflow_process(translator, path)
+    return path
+
+
+def _write_saved_model(translator, path):
+    with tempfile.TemporaryDirectory() as assets:
+        subword_file = os.path.join(assets, SUBWORD_ASSET)
+        with open(subword_file, "wb") as file:
+            file.write(translator.tokenizer.proto)
+        settings_file = os.path.join(assets, SETTINGS_ASSET)
+        with open(settings_file, "w") as file:
+            json.dump(_settings(translator), file, indent=2)
+        module = _serving_module(translator, subword_file, settings_file)
+        tf.saved_model.save(
+            module,
+            path,
+            signatures={
+                TEXT_SIGNATURE: module.translate_text,
+                IDS_SIGNATURE: module.translate_ids,
+            },
+        )
+
+
+def _settings(translator):
+    tokenizer = translator.tokenizer
+    return {
+        **translator.get_config(),
+        "vocabulary_size": tokenizer.vocabulary_size,
+        "padding_id": tokenizer.padding_id,
+        "bos_id": tokenizer.bos_id,
+        "eos_id": tokenizer.eos_id,
+        "signatures": {
+            TEXT_SIGNATURE: "text -> translation, score",
+            IDS_SIGNATURE: "source_ids -> target_ids, score",
+        },
+    }
+
+
+def _serving_module(translator, subword_file, settings_file):
+    """A `tf.Module` holding the weights, the tokenizer and both functions."""
+    model = translator.model
+    tokenizer = translator.tokenizer
+    vocabulary_size = tokenizer.vocabulary_size
+    eos_id = tokenizer.eos_id
+    max_source_length = translator.max_source_length
+    source_lengths = tf.constant(bucket_lengths(max_source_length, step=1.5), tf.int32)
+
+    module = tf.Module()
+    module.tokenizer = tensorflow_text.SentencepieceTokenizer(
+        model=tokenizer.proto, out_type=tf.int32
+    )
+    module.subword_model = tf.saved_model.Asset(subword_file)
+    module.settings = tf.saved_model.Asset(settings_file)
+
+    def search(source_ids, sentence_max_length):
+        ids, scores = search_translations(
+            model,
+            source_ids,
+            sentence_max_length,
+            beam_size=translator.beam_size,
+            alpha=translator.alpha,
+            max_extra_length=translator.max_extra_length,
+            bos_id=tokenizer.bos_id,
+            eos_id=eos_id,
+        )
+        return ids[:, 0], scores[:, 0]
+
+    def translate_rows(source_ids):
+        """Best target ids `[batch, length]` (0-padded) and scores of ragged
+        source ids without EOS; rows without ids get no ids and score 0."""
+        batch_size = source_ids.nrows(out_type=tf.int32)
+        rows = tf.cast(tf.where(source_ids.row_lengths() > 0)[:, 0], tf.int32)
+        count = tf.size(rows)
+        sources = tf.gather(source_ids, rows)[:, : max_source_length - 1]
+        sources = tf.concat([sources, tf.fill([count, 1], eos_id)], axis=1)
+        lengths = tf.cast(sources.row_lengths(), tf.int32)
+        # The Translator's source buckets, so both decode the same shapes.
+        longest = tf.reduce_max(tf.concat([lengths, [1]], axis=0))
+        width = tf.gather(source_lengths, tf.searchsorted(source_lengths, [longest]))[0]
+        dense = sources.to_tensor(0, shape=tf.stack([count, width]))
+        # "input length + max_extra_length": the tokens before EOS.
+        limits = lengths - 1 + translator.max_extra_length
+        ids, scores = tf.cond(
+            count > 0,
+            lambda: search(dense, limits),
+            lambda: (tf.zeros([0, 1], tf.int32), tf.zeros([0], tf.float32)),
+        )
+        before_eos = tf.cumsum(tf.cast(ids == eos_id, tf.int32), axis=1) == 0
+        targets = tf.ragged.boolean_mask(ids, before_eos & (ids != 0)).to_tensor(0)
+        rows = rows[:, None]
+        target_ids = tf.scatter_nd(rows, targets, tf.stack([batch_size, tf.shape(targets)[1]]))
+        scores = tf.scatter_nd(rows, tf.cast(scores, tf.float32), [batch_size])
+        return target_ids, scores
+
+    @tf.function(
+        input_signature=[tf.TensorSpec([None], tf.string, name="text")], autograph=False
+    )
+    def translate_text(text):
+        text = tf.strings.unicode_transcode(
+            text, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
+        )
+        # A blank line becomes "", which has no ids and so no translation.
+        text = tf.where(tf.strings.regex_full_match(text, _BLANK), "", text)
+        source_ids = module.tokenizer.tokenize(text)
+        target_ids, scores = translate_rows(source_ids)
+        translation = module.tokenizer.detokenize(
+            tf.RaggedTensor.from_tensor(target_ids, padding=0)
+        )
+        return {"translation": translation, "score": scores}
+
+    @tf.function(
+        input_signature=[tf.TensorSpec([None, None], tf.int32, name="source_ids")],
+        autograph=False,
+    )
+    def translate_ids(source_ids):
+        checks = [
+            tf.debugging.assert_non_negative(
+                source_ids, message="translate_ids: source_ids must be >= 0 (0 is padding)"
+            ),
+            tf.debugging.assert_less(
+                source_ids,
+                vocabulary_size,
+                message=f"translate_ids: source_ids must be < the vocabulary size {vocabulary_size}",
+            ),
+        ]
+        with tf.control_dependencies(checks):
+            source_ids = tf.RaggedTensor.from_tensor(source_ids, padding=0)
+        target_ids, scores = translate_rows(source_ids)
+        return {"target_ids": target_ids, "score": scores}
+
+    module.translate_text = translate_text
+    module.translate_ids = translate_ids
+    # The TensorFlow variables the functions captured, not the Keras model's
+    # variable objects: a server that loads the SavedModel into a session,
+    # as TF Serving does, restores exactly the variables tracked here.
+    captured = {}
+    for function in (translate_text, translate_ids):
+        for variable in function.get_concrete_function().variables:
+            captured[id(variable)] = variable
+    module.model_variables = list(captured.values())
+    return module
+
+
+def _export_in_tensorflow_process(translator, path):
+    with tempfile.TemporaryDirectory() as saved:
+        translator.save(saved)
+        command = [
+            sys.executable, "-m", "keras_transformer", "export",
+            "--model-dir", saved, "--output", os.path.abspath(path),
+        ]  # fmt: skip
+        environment = {**os.environ, "KERAS_BACKEND": "tensorflow"}
+        result = subprocess.run(command, env=environment, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"Exporting under the TensorFlow backend failed (exit {result.returncode}) "
+            f"for a model trained under {keras.backend.backend()}:\n{result.stderr[-3000:]}"
+        )
+
+
+def export_new_version(translator, name, base_dir="saved_models"):
+    """Exports into TF Serving's layout, `<base_dir>/<name>/<version>/`.
+
+    The version is one more than the highest existing one (1 for the first
+    export). The SavedModel is written under a name TF Serving ignores and
+    then renamed, so a server watching `<base_dir>/<name>` never loads a
+    half-written version.
+
+    Returns:
+        The new version's directory.
+    """
+    if not name or os.sep in name or name in (".", ".."):
+        raise ValueError(
+            f"The model name must be one directory name, as TF Serving's "
+            f"--model_name. Received: name={name!r}"
+        )
+    model_base = os.path.join(base_dir, name)
+    os.makedirs(model_base, exist_ok=True)
+    partial = tempfile.mkdtemp(prefix=".partial-", dir=model_base)
+    try:
+        shutil.rmtree(partial)
+        export_saved_model(translator, partial)
+        while True:
+            target = os.path.join(model_base, str(_latest_version(model_base) + 1))
+            try:
+                os.rename(partial, target)
+                return target
+            except OSError:
+                if not os.path.exists(target):
+                    raise
+                # Another export took this version meanwhile; take the next.
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+def _latest_version(model_base):
+    versions = [int(entry) for entry in os.listdir(model_base) if entry.isdigit()]
+    return max(versions, default=0)

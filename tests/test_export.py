@@ -1,0 +1,252 @@
+"""The TF Serving export: text in, translations out, from any backend."""
+
+import base64
+import json
+import os
+import re
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import to_numpy
+
+# The Translator tests' tokenizer and tiny model, whose outputs end at
+# different steps.
+from test_translator import SENTENCES
+from test_translator import model  # noqa: F401  (a fixture)
+from test_translator import tokenizer  # noqa: F401  (a fixture)
+
+import keras_transformer as kt
+from keras_transformer import cli
+from keras_transformer.data import builtin_corpus
+from keras_transformer.export import export_new_version
+from keras_transformer.export import export_saved_model
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SETTINGS = {"beam_size": 3, "alpha": 0.6, "max_extra_length": 6, "max_source_length": 24}
+
+
+@pytest.fixture(scope="module")
+def translator(model, tokenizer):  # noqa: F811
+    return kt.Translator(model, tokenizer, **SETTINGS)
+
+
+@pytest.fixture(scope="module")
+def exported(translator, tmp_path_factory):
+    return export_saved_model(translator, tmp_path_factory.mktemp("export") / "1")
+
+
+@pytest.fixture(scope="module")
+def served(exported):
+    return tf.saved_model.load(exported)
+
+
+def serve(served, texts):
+    outputs = served.signatures["serving_default"](text=tf.constant(texts, tf.string))
+    translations = [t.decode("utf-8") for t in outputs["translation"].numpy().tolist()]
+    return translations, outputs["score"].numpy()
+
+
+def test_a_fresh_tensorflow_process_serves_what_the_translator_translates(
+    exported, translator, tmp_path
+):
+    texts = SENTENCES + ["the dog sees the old man and the cat ."]
+    inputs = tmp_path / "inputs.json"
+    inputs.write_text(json.dumps([base64.b64encode(t.encode()).decode() for t in texts]))
+    outputs = tmp_path / "outputs.json"
+    subprocess.run(
+        [sys.executable, os.path.join(HERE, "serve_saved_model.py"), str(exported), str(inputs), str(outputs)],
+        check=True,
+        capture_output=True,
+        cwd=tmp_path,
+    )
+    served = json.loads(outputs.read_text())
+    assert served["modules"] == []  # keras_transformer was not imported
+    expected = translator.n_best(texts)
+    assert len({t for t, _ in (h[0] for h in expected)}) > 4  # varied outputs, some empty
+    for loading in ("eager", "session"):
+        assert served[loading]["translation"] == [h[0][0] for h in expected]
+        np.testing.assert_allclose(served[loading]["score"], [h[0][1] for h in expected], atol=1e-4)
+
+
+def test_saved_model_cli_lists_both_signatures_with_dtypes_and_shapes(exported):
+    shown = subprocess.run(
+        [sys.executable, "-m", "tensorflow.python.tools.saved_model_cli", "show", "--all", "--dir", str(exported)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    signatures = {}
+    for name, body in re.findall(r"signature_def\['(\w+)'\]:\n(.*?)Method name is", shown, re.S):
+        inputs, outputs = body.split("contains the following output(s):")
+        tensors = r"(\w+)\['(\w+)'\] tensor_info:\s+dtype: (\w+)\s+shape: (\([-\d, ]*\))"
+        signatures[name] = {
+            (kind, key): (dtype, shape) for kind, key, dtype, shape in re.findall(tensors, inputs + outputs)
+        }
+    assert signatures["serving_default"] == {
+        ("inputs", "text"): ("DT_STRING", "(-1)"),
+        ("outputs", "translation"): ("DT_STRING", "(-1)"),
+        ("outputs", "score"): ("DT_FLOAT", "(-1)"),
+    }
+    assert signatures["translate_ids"] == {
+        ("inputs", "source_ids"): ("DT_INT32", "(-1, -1)"),
+        ("outputs", "target_ids"): ("DT_INT32", "(-1, -1)"),
+        ("outputs", "score"): ("DT_FLOAT", "(-1)"),
+    }
+
+
+def test_the_folder_is_self_contained_with_the_vocabulary_as_an_asset(
+    exported, translator, tmp_path
+):
+    assets = os.path.join(exported, "assets")
+    with open(os.path.join(assets, "subword.model"), "rb") as file:
+        assert file.read() == translator.tokenizer.proto
+    with open(os.path.join(assets, "translator.json")) as file:
+        settings = json.load(file)
+    assert {k: settings[k] for k in SETTINGS} == SETTINGS
+    assert settings["eos_id"] == translator.tokenizer.eos_id
+    # A copy elsewhere serves alone: nothing points back to the export's
+    # source files.
+    copy = tmp_path / "moved"
+    subprocess.run(["cp", "-r", str(exported), str(copy)], check=True)
+    translations, _ = serve(tf.saved_model.load(str(copy)), SENTENCES[:2])
+    assert translations == translator.translate(SENTENCES[:2])
+
+
+def test_the_ids_signature_returns_the_searched_ids(served, translator, tokenizer):  # noqa: F811
+    sentences = [s for s in SENTENCES if s.strip()]
+    rows = tokenizer.tokenize(sentences).to_list()
+    source_ids = np.zeros((len(rows) + 1, max(map(len, rows))), "int32")  # and one empty row
+    for i, ids in enumerate(rows):
+        source_ids[i, : len(ids)] = ids
+    outputs = served.signatures["translate_ids"](source_ids=tf.constant(source_ids))
+    target_ids = outputs["target_ids"].numpy()
+    found = translator.search(sentences)
+    for i, (_, ids, scores) in found.items():
+        best = list(ids[0])
+        best = best[: best.index(tokenizer.eos_id)] if tokenizer.eos_id in best else best
+        best = [t for t in best if t != 0]
+        assert list(target_ids[i][: len(best)]) == best and not target_ids[i][len(best) :].any()
+        np.testing.assert_allclose(outputs["score"].numpy()[i], scores[0], atol=1e-4)
+    assert not target_ids[-1].any() and outputs["score"].numpy()[-1] == 0.0
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match="vocabulary size 400"):
+        served.signatures["translate_ids"](source_ids=tf.constant([[5, 400, 6]]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="must be >= 0"):
+        served.signatures["translate_ids"](source_ids=tf.constant([[5, -1, 6]]))
+
+
+def test_bad_rows_get_per_row_results(served, translator):
+    sentence = SENTENCES[0]
+    long_line = " ".join([SENTENCES[3]] * 40)  # far more than max_source_length tokens
+    texts = [b"", b"  \t ", sentence.encode(), long_line.encode(), b"the \xff dog .", "😀 と".encode()]
+    translations, scores = serve(served, tf.constant(texts))
+    assert translations[:2] == ["", ""] and list(scores[:2]) == [0.0, 0.0]
+    with pytest.warns(UserWarning, match="max_source_length=24"):
+        expected = translator.n_best(
+            [sentence, long_line, "the \ufffd dog .", "😀 と"]
+        )
+    assert translations[2:] == [h[0][0] for h in expected]
+    np.testing.assert_allclose(scores[2:], [h[0][1] for h in expected], atol=1e-4)
+    # Each row as it is alone: the bad rows do not change the good one.
+    assert serve(served, [sentence])[0] == [translations[2]]
+
+    translations, scores = serve(served, tf.constant([], tf.string))
+    assert translations == [] and scores.shape == (0,)
+
+
+def test_a_predict_request_round_trips_through_the_signature(served, translator):
+    from tensorflow_serving.apis import predict_pb2
+
+    texts = [s for s in SENTENCES if s.strip()][:4]
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "translator"
+    request.model_spec.signature_name = "serving_default"
+    request.inputs["text"].CopyFrom(tf.make_tensor_proto(texts))
+    # What the server receives: the request's bytes on the wire.
+    received = predict_pb2.PredictRequest.FromString(request.SerializeToString())
+    signature = served.signatures[received.model_spec.signature_name]
+    inputs = {name: tf.make_ndarray(proto) for name, proto in received.inputs.items()}
+    response = predict_pb2.PredictResponse()
+    response.model_spec.CopyFrom(received.model_spec)
+    for name, value in signature(**{k: tf.constant(v) for k, v in inputs.items()}).items():
+        response.outputs[name].CopyFrom(tf.make_tensor_proto(value))
+    answered = predict_pb2.PredictResponse.FromString(response.SerializeToString())
+    translations = [t.decode("utf-8") for t in tf.make_ndarray(answered.outputs["translation"])]
+    assert translations == translator.translate(texts)
+    assert tf.make_ndarray(answered.outputs["score"]).dtype == np.float32
+
+
+def trained_for_a_few_steps(tokenizer):  # noqa: F811
+    """A tiny model after 4 optimizer steps under the current backend."""
+    corpus = builtin_corpus("train", size=64, seed=1)
+    pairs = list(zip(tokenizer.tokenize(corpus.sources).to_list(), tokenizer.tokenize(corpus.targets).to_list()))
+    width = max(max(len(s), len(t)) for s, t in pairs) + 2
+    source_ids, target_ids, labels = (np.zeros((len(pairs), width), "int32") for _ in range(3))
+    for i, (source, target) in enumerate(pairs):
+        source_ids[i, : len(source) + 1] = source + [tokenizer.eos_id]
+        target_ids[i, : len(target) + 1] = [tokenizer.bos_id] + target
+        labels[i, : len(target) + 1] = target + [tokenizer.eos_id]
+    model = kt.build_transformer("tiny", vocabulary_size=tokenizer.vocabulary_size)
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=kt.losses.LabelSmoothedCrossEntropy(0.1))
+    model.fit({"source_ids": source_ids, "target_ids": target_ids}, labels, batch_size=16, epochs=1, verbose=0)
+    return model
+
+
+def test_a_model_trained_under_this_backend_serves_as_tensorflow_translates_it(tokenizer, tmp_path):  # noqa: F811
+    model = trained_for_a_few_steps(tokenizer)
+    translator = kt.Translator(model, tokenizer, **SETTINGS)
+    path = export_saved_model(translator, tmp_path / "export")
+    served = tf.saved_model.load(str(path))
+
+    # The SavedModel holds this backend's trained weights, bit for bit.
+    exported = {v.name.removesuffix(":0"): v.numpy() for v in served.model_variables}
+    for variable in model.weights:
+        if variable.path in exported:
+            np.testing.assert_array_equal(exported[variable.path], to_numpy(variable))
+    assert len(exported) == len([v for v in model.weights if "seed_generator" not in v.path])
+
+    # And serves the TensorFlow backend's translation of those weights.
+    texts = [s for s in SENTENCES if s.strip()]
+    if keras.backend.backend() == "tensorflow":
+        expected = translator.translate(texts)
+    else:
+        translator.save(tmp_path / "saved")
+        (tmp_path / "input.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+        subprocess.run(
+            [sys.executable, "-m", "keras_transformer", "translate", "--model-dir", str(tmp_path / "saved"),
+             "--input", str(tmp_path / "input.txt"), "--output", str(tmp_path / "output.txt")],
+            check=True, capture_output=True, env={**os.environ, "KERAS_BACKEND": "tensorflow"},
+        )  # fmt: skip
+        expected = (tmp_path / "output.txt").read_text(encoding="utf-8").splitlines()
+    assert serve(served, texts)[0] == expected
+
+
+def test_exports_go_to_new_versions_in_tf_serving_layout(translator, tmp_path, capsys):
+    model_dir = tmp_path / "translator"
+    translator.save(model_dir)
+    base = tmp_path / "saved_models"
+    first = export_new_version(translator, "toy", base_dir=str(base))
+    cli.main(["export", "--model-dir", str(model_dir), "--base-dir", str(base), "--beam-size", "1"])
+    assert "Exported a SavedModel to" in capsys.readouterr().out
+    assert first == str(base / "toy" / "1")
+    assert sorted(os.listdir(base / "toy")) == ["1"]  # the CLI named it after --model-dir
+    assert sorted(os.listdir(base / "translator")) == ["1"]
+    (base / "toy" / "7").mkdir()
+    assert export_new_version(translator, "toy", base_dir=str(base)) == str(base / "toy" / "8")
+    assert sorted(os.listdir(base / "toy")) == ["1", "7", "8"]  # no partial export left behind
+
+    greedy = tf.saved_model.load(str(base / "translator" / "1"))
+    assert serve(greedy, SENTENCES[:2])[0] == kt.Translator(
+        translator.model, translator.tokenizer, **{**SETTINGS, "beam_size": 1}
+    ).translate(SENTENCES[:2])
+
+    with pytest.raises(FileExistsError, match="not an empty directory"):
+        export_saved_model(translator, base / "toy" / "1")
+    with pytest.raises(ValueError, match="one directory name"):
+        export_new_version(translator, "a/b", base_dir=str(base))
+    with pytest.raises(SystemExit, match="No model.keras"):
+        cli.main(["export", "--model-dir", str(tmp_path / "missing")])
