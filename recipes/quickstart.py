@@ -8,10 +8,12 @@ shared subword vocabulary, trains the tiny preset with the paper's optimizer,
 schedule and label smoothing on token-bucketed batches, translates the test
 split with greedy search and with the paper's beam search (beam 4, length
 penalty 0.6), and scores both with sacrebleu. The trained translator is saved
-for the command line:
+for the command line, and for TF Serving:
 
-    python -m keras_transformer translate --model-dir runs/quickstart < input.en It takes a few minutes on a
-laptop CPU, under any backend:
+    python -m keras_transformer translate --model-dir runs/quickstart < input.en
+    python -m keras_transformer export --model-dir runs/quickstart   # saved_models/quickstart/<version>/
+
+It takes a few minutes on a laptop CPU, under any backend:
 
     KERAS_BACKEND=jax python recipes/quickstart.py
 """
@@ -94,7 +96,9 @@ def main():
           f"validation token accuracy {accuracy:.1%}")
     translator = Translator(model, tokenizer, beam_size=4, alpha=0.6)
     translator.save(args.model_dir)
-    print(f"Saved the translator (model, vocabulary, search settings) in {args.model_dir}")
+    print(f"Saved the translator (model, vocabulary, search settings) in {args.model_dir}; use it with")
+    print(f"  python -m keras_transformer translate --model-dir {args.model_dir} < input.en")
+    print(f"  python -m keras_transformer export --model-dir {args.model_dir}   # a SavedModel for TF Serving")
 
     sources, references = list(test_corpus.sources), list(test_corpus.targets)
     for beam_size in (1, 4):

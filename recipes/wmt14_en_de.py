@@ -136,7 +136,9 @@ def main(argv=None):
     translator_dir = os.path.join(args.model_dir, "translator")
     translator.save(translator_dir)
     print(f"saved the translator in {translator_dir}; use it with\n"
-          f"  python -m keras_transformer translate --model-dir {translator_dir} < input.en")
+          f"  python -m keras_transformer translate --model-dir {translator_dir} < input.en\n"
+          f"or export it for TF Serving (saved_models/wmt14_en_de/<version>/) with\n"
+          f"  python -m keras_transformer export --model-dir {translator_dir} --name wmt14_en_de")
 
     test = corpora["test"][: args.test_size] if args.test_size else corpora["test"]
     hypotheses = translator.translate(list(test.sources))
