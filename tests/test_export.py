@@ -142,12 +142,14 @@ def test_the_ids_signature_returns_the_searched_ids(served, translator, tokenize
 def test_bad_rows_get_per_row_results(served, translator):
     sentence = SENTENCES[0]
     long_line = " ".join([SENTENCES[3]] * 40)  # far more than max_source_length tokens
-    texts = [b"", b"  \t ", sentence.encode(), long_line.encode(), b"the \xff dog .", "😀 と".encode()]
+    # Not UTF-8: a lone byte, and a three-byte character cut after two.
+    not_utf8 = [b"the \xff dog .", b"the \xe2\x82 cat ."]
+    texts = [b"", b"  \t ", sentence.encode(), long_line.encode(), *not_utf8, "😀 と".encode()]
     translations, scores = serve(served, tf.constant(texts))
     assert translations[:2] == ["", ""] and list(scores[:2]) == [0.0, 0.0]
     with pytest.warns(UserWarning, match="max_source_length=24"):
         expected = translator.n_best(
-            [sentence, long_line, "the \ufffd dog .", "😀 と"]
+            [sentence, long_line, *(t.decode("utf-8", "replace") for t in not_utf8), "😀 と"]
         )
     assert translations[2:] == [h[0][0] for h in expected]
     np.testing.assert_allclose(scores[2:], [h[0][1] for h in expected], atol=1e-4)
