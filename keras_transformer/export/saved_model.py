@@ -60,7 +60,9 @@ def export_saved_model(translator, path):
     `assets/translator.json`.
 
     Under JAX or torch the export runs in a TensorFlow-backend subprocess
-    that loads the translator's saved model file.
+    that loads the translator's saved model file. The graph is not
+    XLA-compiled, whatever the translator's `jit_compile`: TF Serving runs
+    XLA functions only behind an experimental flag on CPU.
 
     Args:
         translator: a `keras_transformer.Translator`.
