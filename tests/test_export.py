@@ -22,6 +22,7 @@ from test_translator import tokenizer  # noqa: F401  (a fixture)
 import keras_transformer as kt
 from keras_transformer import cli
 from keras_transformer.data import builtin_corpus
+from keras_transformer.data import make_dataset
 from keras_transformer.export import export_new_version
 from keras_transformer.export import export_saved_model
 
@@ -184,17 +185,10 @@ def test_a_predict_request_round_trips_through_the_signature(served, translator)
 
 def trained_for_a_few_steps(tokenizer):  # noqa: F811
     """A tiny model after 4 optimizer steps under the current backend."""
-    corpus = builtin_corpus("train", size=64, seed=1)
-    pairs = list(zip(tokenizer.tokenize(corpus.sources).to_list(), tokenizer.tokenize(corpus.targets).to_list()))
-    width = max(max(len(s), len(t)) for s, t in pairs) + 2
-    source_ids, target_ids, labels = (np.zeros((len(pairs), width), "int32") for _ in range(3))
-    for i, (source, target) in enumerate(pairs):
-        source_ids[i, : len(source) + 1] = source + [tokenizer.eos_id]
-        target_ids[i, : len(target) + 1] = [tokenizer.bos_id] + target
-        labels[i, : len(target) + 1] = target + [tokenizer.eos_id]
     model = kt.build_transformer("tiny", vocabulary_size=tokenizer.vocabulary_size)
-    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=kt.losses.LabelSmoothedCrossEntropy(0.1))
-    model.fit({"source_ids": source_ids, "target_ids": target_ids}, labels, batch_size=16, epochs=1, verbose=0)
+    kt.training.compile_model(model, warmup_steps=4)
+    batches = make_dataset(builtin_corpus("train", size=64, seed=1), tokenizer, 512, repeat=True, seed=1)
+    model.fit(batches, steps_per_epoch=4, epochs=1, verbose=0)
     return model
 
 
