@@ -1,5 +1,7 @@
-"""The command line: translate, score a test set, plot attention, export.
+"""The command line: train, translate, score a test set, plot attention, export.
 
+    python -m keras_transformer train --train-source train.en --train-target train.de \
+        --valid-source val.en --valid-target val.de --model-dir runs/mine
     python -m keras_transformer translate --model-dir runs/quickstart < in.en > out.de
     python -m keras_transformer evaluate --model-dir runs/quickstart \\
         --source test.en --reference test.de
@@ -7,8 +9,8 @@
         --text "the old man sees the dog ." --output attention.png
     python -m keras_transformer export --model-dir runs/quickstart --name quickstart
 
-`--model-dir` is a directory written by `Translator.save` (the recipes
-write one). The same commands run as `keras-transformer ...` once the
+`--model-dir` is a directory written by `train` or `Translator.save` (the
+recipes write one). The same commands run as `keras-transformer ...` once the
 package is installed.
 """
 
@@ -110,11 +112,122 @@ def export(args):
     print(f"Exported a SavedModel to {path} (beam {translator.beam_size}, alpha {translator.alpha})")
 
 
+def _add_train_arguments(parser):
+    from keras_transformer.training.run import TrainingConfig
+
+    defaults = TrainingConfig(model_dir="", train_source=[], train_target=[],
+                              valid_source=[], valid_target=[])
+    files = parser.add_argument_group("data")
+    for name, help_text in (
+        ("train-source", "training source text, one sentence per line (plain or .gz)"),
+        ("train-target", "training target text, aligned with --train-source"),
+        ("valid-source", "validation source text (loss and BLEU at each checkpoint)"),
+        ("valid-target", "validation target text"),
+    ):
+        files.add_argument(f"--{name}", nargs="+", metavar="FILE", help=help_text + "; several files are read in turn")
+    files.add_argument("--model-dir", help="where checkpoints, logs and the trained translator go")
+    files.add_argument("--config", help="a train_config.json to repeat (other options override it)")
+    files.add_argument("--resume", action="store_true", help="continue the run in --model-dir from its train_config.json")
+    files.add_argument("--vocabulary", help="reuse the subword.model in this directory")
+    files.add_argument("--vocabulary-size", type=int, help=f"pieces of a new shared vocabulary (default {defaults.vocabulary_size})")
+    files.add_argument("--max-tokens", type=int, help=f"longest training sequence in subword tokens (default {defaults.max_tokens})")
+    model = parser.add_argument_group("model")
+    model.add_argument("--preset", help=f"a preset of build_transformer (default {defaults.preset})")
+    model.add_argument("--num-layers", type=int, help="blocks in each stack")
+    model.add_argument("--d-model", type=int, help="model width")
+    model.add_argument("--d-ff", type=int, help="feed-forward inner width")
+    model.add_argument("--num-heads", type=int, help="attention heads")
+    model.add_argument("--dropout", type=float, help="P_drop")
+    model.add_argument("--attention-dropout", type=float, help="dropout on attention weights")
+    model.add_argument("--dtype", choices=["float32", "mixed_bfloat16", "mixed_float16"], help="precision (default float32)")
+    optimization = parser.add_argument_group("training")
+    optimization.add_argument("--tokens-per-batch", type=int, help=f"padded tokens per side per batch (default {defaults.tokens_per_batch})")
+    optimization.add_argument("--train-steps", type=int, help=f"optimizer steps (default {defaults.train_steps})")
+    optimization.add_argument("--warmup-steps", type=int, help=f"learning-rate warmup (default {defaults.warmup_steps})")
+    optimization.add_argument("--learning-rate-scale", type=float, help="constant factor on the schedule (default 1)")
+    optimization.add_argument("--label-smoothing", type=float, help=f"eps_ls (default {defaults.label_smoothing})")
+    optimization.add_argument("--checkpoint-every", type=int, help=f"steps between checkpoints (default {defaults.checkpoint_every})")
+    optimization.add_argument("--average", type=int, help=f"last checkpoints averaged into the final model (default {defaults.average})")
+    optimization.add_argument("--valid-bleu-sentences", type=int, help=f"validation sentences translated at each checkpoint (default {defaults.valid_bleu_sentences})")
+    optimization.add_argument("--jit-compile", choices=["auto", "true", "false"], help="XLA for the train step (default auto)")
+    optimization.add_argument("--seed", type=int, help="seed of weights, dropout and data order (default 0)")
+    optimization.add_argument("--log-every", type=int, help=f"a progress line every N steps (default {defaults.log_every})")
+    search = parser.add_argument_group("search settings saved with the translator")
+    search.add_argument("--beam-size", type=int, help=f"(default {defaults.beam_size})")
+    search.add_argument("--alpha", type=float, help=f"length penalty (default {defaults.alpha})")
+    search.add_argument("--max-extra-length", type=int, help=f"(default {defaults.max_extra_length})")
+
+
+TRAIN_FIELDS = (
+    "train_source", "train_target", "valid_source", "valid_target", "model_dir",
+    "vocabulary", "vocabulary_size", "max_tokens", "preset", "dtype", "tokens_per_batch",
+    "train_steps", "warmup_steps", "learning_rate_scale", "label_smoothing",
+    "checkpoint_every", "average", "valid_bleu_sentences", "seed", "log_every",
+    "beam_size", "alpha", "max_extra_length",
+)
+MODEL_FIELDS = ("num_layers", "d_model", "d_ff", "num_heads", "dropout", "attention_dropout")
+
+
+def training_config(args):
+    """The `TrainingConfig` the `train` arguments describe.
+
+    With `--resume`, the model directory's own `train_config.json`; with
+    `--config`, that file; options given on the command line override
+    either.
+    """
+    from keras_transformer.training.run import TrainingConfig
+
+    if args.resume and not args.model_dir and not args.config:
+        raise ValueError("--resume needs --model-dir, the directory of the run to continue.")
+    values = {}
+    if args.config:
+        values = TrainingConfig.load(args.config).to_dict()
+    elif args.resume:
+        values = TrainingConfig.load(args.model_dir).to_dict()
+    for name in TRAIN_FIELDS:
+        value = getattr(args, name)
+        if value is not None:
+            values[name] = value
+    if args.jit_compile is not None:
+        values["jit_compile"] = {"auto": "auto", "true": True, "false": False}[args.jit_compile]
+    overrides = {name: getattr(args, name) for name in MODEL_FIELDS if getattr(args, name) is not None}
+    if overrides:
+        values["model"] = dict(values.get("model") or {}) | overrides
+    required = ["model_dir", "train_source", "train_target", "valid_source", "valid_target"]
+    missing = [name for name in required if not values.get(name)]
+    if missing:
+        raise ValueError(
+            "train needs " + ", ".join("--" + name.replace("_", "-") for name in missing)
+            + " (or --config FILE, or --resume --model-dir DIR)."
+        )
+    return TrainingConfig(**values)
+
+
+def train(args):
+    from keras_transformer.training.run import train_translator
+
+    config = training_config(args)
+    translator = train_translator(config, resume=args.resume, log=_log)
+    print(
+        f"Translate with: keras-transformer translate --model-dir {config.model_dir} < input.txt\n"
+        f"Export with:    keras-transformer export --model-dir {config.model_dir}"
+        f"   # beam {translator.beam_size}, alpha {translator.alpha}"
+    )
+
+
+def _log(line):
+    print(line, flush=True)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
-        prog="keras-transformer", description="Translate with a trained Transformer."
+        prog="keras-transformer", description="Train and translate with the Transformer."
     )
     commands = parser.add_subparsers(dest="command", required=True)
+
+    command = commands.add_parser("train", help="train a translator on parallel text files")
+    _add_train_arguments(command)
+    command.set_defaults(run=train)
 
     command = commands.add_parser("translate", help="translate lines of text")
     _add_search_arguments(command)

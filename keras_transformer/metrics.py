@@ -76,3 +76,21 @@ class Perplexity(_TokenMetric):
 
     def result(self):
         return ops.exp(self.mean())
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class TargetTokens(_TokenMetric):
+    """The number of non-padding target tokens seen since the last reset.
+
+    Keras resets metrics at each epoch, so within an epoch this counts the
+    tokens trained on, from which a progress log computes tokens/s.
+    """
+
+    def __init__(self, padding_id=0, name="target_tokens", **kwargs):
+        super().__init__(padding_id=padding_id, name=name, **kwargs)
+
+    def per_token(self, y_true, y_pred):
+        return ops.zeros(ops.shape(y_true), "float32")
+
+    def result(self):
+        return self.count

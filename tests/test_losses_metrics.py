@@ -5,6 +5,7 @@ import pytest
 from keras_transformer.losses import LabelSmoothedCrossEntropy
 from keras_transformer.metrics import MaskedTokenAccuracy
 from keras_transformer.metrics import Perplexity
+from keras_transformer.metrics import TargetTokens
 
 from conftest import to_numpy
 
@@ -99,8 +100,19 @@ def test_perplexity_is_exp_of_mean_negative_log_likelihood(labels_and_logits):
     )
 
 
+def test_target_tokens_counts_the_non_padding_labels_until_reset(labels_and_logits):
+    labels, logits = labels_and_logits
+    metric = TargetTokens()
+    metric.update_state(labels[:1], logits[:1])
+    metric.update_state(labels[1:], logits[1:])
+    assert float(to_numpy(metric.result())) == int((labels != 0).sum())
+    metric.reset_state()
+    metric.update_state(labels[:1], logits[:1])
+    assert float(to_numpy(metric.result())) == int((labels[:1] != 0).sum())
+
+
 def test_config_round_trips():
-    for obj in (LabelSmoothedCrossEntropy(0.2, padding_id=5), MaskedTokenAccuracy(padding_id=5), Perplexity(padding_id=5)):
+    for obj in (LabelSmoothedCrossEntropy(0.2, padding_id=5), MaskedTokenAccuracy(padding_id=5), Perplexity(padding_id=5), TargetTokens(padding_id=5)):
         clone = type(obj).from_config(obj.get_config())
         assert clone.get_config() == obj.get_config()
     with pytest.raises(ValueError, match="label_smoothing=1.5"):

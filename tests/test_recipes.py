@@ -65,9 +65,10 @@ def test_wmt14_recipe_runs_offline_and_resumes(tmp_path):
     first = run_wmt14(*common, "--train-steps", "2")
     assert first.returncode == 0, first.stderr[-3000:]
     assert "sacrebleu signature: nrefs:1|case:mixed|eff:no|tok:13a" in first.stdout
-    assert (tmp_path / "run" / "averaged.keras").is_file()
     assert (tmp_path / "run" / "test_bleu.txt").read_text().startswith("BLEU = ")
-    assert (tmp_path / "run" / "translator" / "translator.json").is_file()
+    assert (tmp_path / "run" / "train_config.json").is_file()
+    translator = kt.Translator.load(tmp_path / "run")
+    assert translator.tokenizer.vocabulary_size == 2000
     # The same model dir is refused without --resume ...
     refused = run_wmt14(*common, "--train-steps", "4")
     assert refused.returncode != 0

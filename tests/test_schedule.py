@@ -60,6 +60,27 @@ def test_round_trips_through_config_and_the_optimizer():
     assert float(to_numpy(optimizer.learning_rate)) == pytest.approx(paper_rate(1, 256, 100))
 
 
-def test_rejects_non_positive_arguments():
-    with pytest.raises(ValueError, match="Received: d_model=0, warmup_steps=4000"):
-        TransformerSchedule(d_model=0)
+@pytest.mark.parametrize("step_num", [1, 100, 5000])
+def test_a_scale_multiplies_the_formula(step_num):
+    schedule = TransformerSchedule(d_model=256, warmup_steps=100, scale=2.5)
+    rate = float(to_numpy(schedule(step_num - 1)))
+    assert rate == pytest.approx(2.5 * paper_rate(step_num, 256, 100), rel=1e-6)
+    clone = keras.optimizers.schedules.deserialize(keras.optimizers.schedules.serialize(schedule))
+    assert clone.scale == 2.5
+    optimizer = transformer_adam(256, 100, learning_rate_scale=2.5)
+    optimizer.build([keras.Variable(np.zeros(3, "float32"))])
+    assert float(to_numpy(optimizer.learning_rate)) == pytest.approx(2.5 * paper_rate(1, 256, 100), rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "arguments, named",
+    [
+        ({"d_model": 0}, "d_model=0"),
+        ({"d_model": 512, "warmup_steps": -1}, "warmup_steps=-1"),
+        ({"d_model": 512, "scale": float("nan")}, "scale=nan"),
+        ({"d_model": 512, "scale": float("inf")}, "scale=inf"),
+    ],
+)
+def test_rejects_non_positive_arguments(arguments, named):
+    with pytest.raises(ValueError, match=f"must be a positive finite number. Received: {named}"):
+        TransformerSchedule(**arguments)

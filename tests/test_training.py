@@ -12,6 +12,8 @@ import pytest
 import keras_transformer as kt
 from keras_transformer import training
 
+from conftest import to_numpy
+
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_process.py")
 
 
@@ -94,6 +96,31 @@ def test_run_killed_with_sigkill_resumes_and_matches_an_uninterrupted_run(tmp_pa
     # Only the newest checkpoints are kept.
     kept = training.list_checkpoints(tmp_path / "a" / "checkpoints")
     assert [training.checkpoints.checkpoint_step(p) for p in kept] == [20, 30, 40, 50, 60]
+
+
+def reversal_batches():
+    import tensorflow as tf
+
+    inputs, labels = kt.data.reversal_task(256, 16, seed=0)
+    return tf.data.Dataset.from_tensor_slices((inputs, labels)).repeat().batch(16)
+
+
+def saved_steps(directory):
+    return [training.checkpoints.checkpoint_step(p) for p in training.list_checkpoints(directory)]
+
+
+def test_fit_stops_at_exactly_train_steps_with_a_last_checkpoint(tmp_path):
+    model = training.compile_model(kt.build_transformer("tiny", vocabulary_size=16, num_layers=1), warmup_steps=5)
+    model = training.fit(model, reversal_batches(), tmp_path, 7, checkpoint_every=5, verbose=0)
+    assert int(to_numpy(model.optimizer.iterations)) == 7
+    assert saved_steps(tmp_path / "checkpoints") == [5, 7]
+    # Extended, a run goes back on its grid of checkpoints, then stops exactly.
+    model = training.fit(model, reversal_batches(), tmp_path, 12, checkpoint_every=5, verbose=0)
+    assert int(to_numpy(model.optimizer.iterations)) == 12
+    assert saved_steps(tmp_path / "checkpoints") == [5, 7, 10, 12]
+    # Asked for no more than it has, it trains nothing.
+    model = training.fit(model, reversal_batches(), tmp_path, 12, checkpoint_every=5, verbose=0)
+    assert int(to_numpy(model.optimizer.iterations)) == 12
 
 
 def test_averaged_weights_are_the_element_wise_mean(tmp_path):

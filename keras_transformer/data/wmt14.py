@@ -68,6 +68,29 @@ def read_wmt14(data_dir=None, max_length=None, source_language="en", target_lang
             )
         }
 
+    splits = wmt14_files(data_dir, source_language, target_language)
+    return {
+        split: _concatenate(
+            [
+                read_parallel_text(
+                    source, target, max_length=max_length if split == "train" else None
+                )
+                for source, target in pairs
+            ],
+            name=f"{data_dir}:{split}",
+        )
+        for split, pairs in splits.items()
+    }
+
+
+def wmt14_files(data_dir, source_language="en", target_language="de"):
+    """The parallel files of each split in `data_dir`, as `read_wmt14` reads them.
+
+    Returns:
+        A dict from `"train"`, `"valid"` and `"test"` to lists of
+        (source path, target path).
+    """
+
     def find(stem, language):
         for name in (f"{stem}.{language}", f"{stem}.{language}.gz"):
             if os.path.isfile(os.path.join(data_dir, name)):
@@ -91,16 +114,31 @@ def read_wmt14(data_dir=None, max_length=None, source_language="en", target_lang
             + ", ".join(missing)
         )
     return {
-        split: _concatenate(
-            [
-                read_parallel_text(
-                    find(stem, source_language),
-                    find(stem, target_language),
-                    max_length=max_length if split == "train" else None,
-                )
-                for stem in stems
-            ],
-            name=f"{data_dir}:{split}",
-        )
+        split: [(find(stem, source_language), find(stem, target_language)) for stem in stems]
         for split, stems in layout.items()
     }
+
+
+def write_tfds_files(directory, source_language="en", target_language="de"):
+    """Writes TFDS `wmt14_translate/de-en` as `{train,valid,test}.{en,de}`.
+
+    Training then reads plain files, as from any other source, and a run
+    can be resumed from its configuration alone. Splits already written
+    are kept. Needs tensorflow-datasets and, the first time, the network.
+
+    Returns:
+        `directory`, which `wmt14_files` reads.
+    """
+    os.makedirs(directory, exist_ok=True)
+    for split, tfds_split in (("train", "train"), ("valid", "validation"), ("test", "test")):
+        paths = [os.path.join(directory, f"{split}.{lang}") for lang in (source_language, target_language)]
+        if all(os.path.isfile(path) for path in paths):
+            continue
+        corpus = read_tfds(
+            split=tfds_split, source_language=source_language, target_language=target_language
+        )
+        for path, lines in zip(paths, (corpus.sources, corpus.targets)):
+            with open(path + ".partial", "w", encoding="utf-8") as file:
+                file.writelines(line.replace("\n", " ") + "\n" for line in lines)
+            os.replace(path + ".partial", path)
+    return directory

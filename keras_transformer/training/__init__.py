@@ -11,17 +11,27 @@ from keras_transformer.training.checkpoints import average_checkpoints
 from keras_transformer.training.checkpoints import list_checkpoints
 from keras_transformer.training.checkpoints import restore_latest
 from keras_transformer.training.distribution import Distribution
+from keras_transformer.training.progress import ProgressLog
+from keras_transformer.training.progress import ValidationBLEU
+from keras_transformer.training.run import TrainingConfig
+from keras_transformer.training.run import train_translator
+from keras_transformer.training.trainer import StopAtStep
 from keras_transformer.training.trainer import StopOnNonFiniteLoss
 from keras_transformer.training.trainer import compile_model
 from keras_transformer.training.trainer import fit
 
 __all__ = [
     "Distribution",
+    "ProgressLog",
     "SaveCheckpoints",
+    "StopAtStep",
     "StopOnNonFiniteLoss",
+    "TrainingConfig",
+    "ValidationBLEU",
     "average_checkpoints",
     "compile_model",
     "fit",
     "list_checkpoints",
     "restore_latest",
+    "train_translator",
 ]

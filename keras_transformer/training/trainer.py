@@ -9,19 +9,25 @@ import numpy as np
 from keras_transformer.losses import LabelSmoothedCrossEntropy
 from keras_transformer.metrics import MaskedTokenAccuracy
 from keras_transformer.metrics import Perplexity
+from keras_transformer.metrics import TargetTokens
 from keras_transformer.optimizers import transformer_adam
 from keras_transformer.training.checkpoints import SaveCheckpoints
 from keras_transformer.training.checkpoints import restore_latest
 
 
 def compile_model(
-    model, warmup_steps=4000, label_smoothing=0.1, jit_compile="auto", **optimizer_kwargs
+    model,
+    warmup_steps=4000,
+    label_smoothing=0.1,
+    jit_compile="auto",
+    learning_rate_scale=1.0,
+    **optimizer_kwargs,
 ):
     """Compiles `model` with the paper's training setup (sections 5.3, 5.4).
 
     Adam (beta1=0.9, beta2=0.98, epsilon=1e-9) on the warmup/rsqrt schedule,
-    cross-entropy with label smoothing eps_ls, masked token accuracy and
-    perplexity. Mixed precision comes from the model's dtype policy
+    cross-entropy with label smoothing eps_ls, masked token accuracy,
+    perplexity, and a count of target tokens (for tokens/s). Mixed precision comes from the model's dtype policy
     (`build_transformer(..., dtype="mixed_bfloat16")`); under
     `mixed_float16`, the optimizer is wrapped in dynamic loss scaling.
 
@@ -31,19 +37,23 @@ def compile_model(
         label_smoothing: 0.1 in the paper.
         jit_compile: XLA for the train step: `"auto"` (Keras's choice: XLA
             on GPU under TensorFlow, always under JAX), True or False.
+        learning_rate_scale: a constant factor on the schedule (1 in the
+            paper).
         **optimizer_kwargs: more `keras.optimizers.Adam` arguments.
 
     Returns:
         `model`, compiled.
     """
-    optimizer = transformer_adam(model.d_model, warmup_steps, **optimizer_kwargs)
+    optimizer = transformer_adam(
+        model.d_model, warmup_steps, learning_rate_scale, **optimizer_kwargs
+    )
     if model.dtype_policy.name == "mixed_float16":
         # float16 gradients underflow without loss scaling.
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     model.compile(
         optimizer=optimizer,
         loss=LabelSmoothedCrossEntropy(label_smoothing),
-        metrics=[MaskedTokenAccuracy(), Perplexity()],
+        metrics=[MaskedTokenAccuracy(), Perplexity(), TargetTokens()],
         jit_compile=jit_compile,
     )
     return model
@@ -64,6 +74,19 @@ class StopOnNonFiniteLoss(keras.callbacks.Callback):
             )
 
 
+class StopAtStep(keras.callbacks.Callback):
+    """Ends training once the optimizer has taken `train_steps` steps."""
+
+    def __init__(self, train_steps):
+        super().__init__()
+        self.train_steps = train_steps
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+        if step >= self.train_steps:
+            self.model.stop_training = True
+
+
 def fit(
     model,
     dataset,
@@ -82,7 +105,9 @@ def fit(
     After a crash (even `kill -9`), calling `fit` again with the same
     arguments loads the newest checkpoint, so the step counter, the optimizer
     state and the learning-rate schedule continue where they were, and skips
-    the batches already trained on. At most one interval is lost. With a
+    the batches already trained on. At most one interval is lost. Training
+    stops at exactly `train_steps`, where a last checkpoint is written, even
+    when `train_steps` is not a multiple of `checkpoint_every`. With a
     deterministic `dataset`, the result equals an uninterrupted run.
 
     Args:
@@ -113,18 +138,38 @@ def fit(
     done = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
     if done >= train_steps:
         return model
-    model.fit(
-        dataset.skip(done),
-        initial_epoch=done // checkpoint_every,
-        epochs=math.ceil(train_steps / checkpoint_every),
-        steps_per_epoch=checkpoint_every,
-        validation_data=validation_data,
-        callbacks=[
-            SaveCheckpoints(checkpoint_dir, keep=keep_checkpoints),
-            StopOnNonFiniteLoss(),
-            keras.callbacks.TensorBoard(os.path.join(model_dir, "logs")),
-            *callbacks,
-        ],
-        verbose=verbose,
-    )
+    callbacks = [
+        SaveCheckpoints(checkpoint_dir, keep=keep_checkpoints),
+        StopOnNonFiniteLoss(),
+        *callbacks,
+        keras.callbacks.TensorBoard(os.path.join(model_dir, "logs")),
+    ]
+    # An epoch is one checkpoint interval: Keras validates and the callbacks
+    # write a checkpoint at its end. A run resumed between two multiples of
+    # `checkpoint_every` (one that stopped at its `train_steps`, then was
+    # extended) first trains up to the next multiple.
+    if done % checkpoint_every:
+        stop = min(train_steps, (done // checkpoint_every + 1) * checkpoint_every)
+        model.fit(
+            dataset.skip(done),
+            initial_epoch=done // checkpoint_every,
+            epochs=done // checkpoint_every + 1,
+            steps_per_epoch=stop - done,
+            validation_data=validation_data,
+            callbacks=callbacks,
+            verbose=verbose,
+        )
+        done = stop
+    if done < train_steps:
+        # The last interval may be shorter: StopAtStep ends it at
+        # `train_steps`, and Keras still validates and checkpoints it.
+        model.fit(
+            dataset.skip(done),
+            initial_epoch=done // checkpoint_every,
+            epochs=math.ceil(train_steps / checkpoint_every),
+            steps_per_epoch=checkpoint_every,
+            validation_data=validation_data,
+            callbacks=[StopAtStep(train_steps), *callbacks],
+            verbose=verbose,
+        )
     return model

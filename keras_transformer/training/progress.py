@@ -1,0 +1,155 @@
+"""What a long run shows while it trains: log lines and validation BLEU."""
+
+import json
+import os
+import time
+
+import keras
+import sacrebleu.metrics
+
+
+def format_duration(seconds):
+    """`1h05m`, `3m20s` or `42s`."""
+    seconds = int(round(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds}s"
+
+
+class ProgressLog(keras.callbacks.Callback):
+    """Steady log lines: step, steps/s, target tokens/s, loss, rate, ETA.
+
+        step 1200/3000 | 0.48 steps/s | 1,730 tok/s | loss 3.412 | lr 4.9e-04 | ETA 1h02m
+
+    Speeds cover the steps since the previous line, so the first line of a
+    run (or of a resumed run) includes compiling. Tokens are the non-padding
+    target tokens, read from the `target_tokens` metric when the model is
+    compiled with `keras_transformer.metrics.TargetTokens` (as
+    `compile_model` does).
+
+    Args:
+        train_steps: the run's total number of steps, for the ETA.
+        every: a line every this many steps.
+        log: where lines go, such as `print`.
+    """
+
+    def __init__(self, train_steps, every=100, log=print):
+        super().__init__()
+        self.train_steps = train_steps
+        self.every = every
+        self.log = log
+
+    def on_train_begin(self, logs=None):
+        self._last_time = time.perf_counter()
+        self._last_step = self._step()
+        self._last_tokens = 0.0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        # Keras resets the metrics, so the token count, at each epoch.
+        self._last_tokens = 0.0
+
+    def _step(self):
+        return int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = self._step()
+        if step % self.every and step != self.train_steps:
+            return
+        logs = logs or {}
+        now = time.perf_counter()
+        elapsed = max(now - self._last_time, 1e-9)
+        steps_per_second = (step - self._last_step) / elapsed
+        tokens = float(logs.get("target_tokens", 0.0))
+        parts = [f"step {step}/{self.train_steps}", f"{steps_per_second:.2f} steps/s"]
+        if "target_tokens" in logs:
+            parts.append(f"{(tokens - self._last_tokens) / elapsed:,.0f} tok/s")
+        parts.append(f"loss {float(logs.get('loss', float('nan'))):.3f}")
+        parts.append(f"lr {float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)):.1e}")
+        if steps_per_second > 0 and step < self.train_steps:
+            parts.append(f"ETA {format_duration((self.train_steps - step) / steps_per_second)}")
+        self.log(" | ".join(parts))
+        self._last_time, self._last_step, self._last_tokens = now, step, tokens
+
+
+class ValidationBLEU(keras.callbacks.Callback):
+    """BLEU of greedy translations of validation sentences, per checkpoint.
+
+    At the end of every epoch (one checkpoint interval in
+    `keras_transformer.training.fit`), translates `sources` greedily with the
+    model being trained, scores them against `references` with sacreBLEU,
+    adds `val_bleu` to the epoch's logs (so the TensorBoard callback, which
+    comes after it, records it), and appends a JSON line with the step, the
+    wall-clock time, the losses and the BLEU to `history_path`.
+
+    Args:
+        translator: a `Translator` of the model being trained (greedy is
+            cheapest); it is reused, so its search is compiled once.
+        sources: validation source sentences.
+        references: their reference translations.
+        history_path: the JSON-lines file of the training curve, or None.
+        log: where a line per checkpoint goes.
+    """
+
+    def __init__(self, translator, sources, references, history_path=None, log=print):
+        super().__init__()
+        self.translator = translator
+        self.sources = list(sources)
+        self.references = list(references)
+        self.history_path = history_path
+        self.log = log
+
+    def on_train_begin(self, logs=None):
+        self._start = time.time()
+        self._elapsed_before = 0.0
+        if self.history_path and os.path.isfile(self.history_path):
+            # A resumed run continues the clock of the run it resumes.
+            records = read_history(self.history_path)
+            if records:
+                self._elapsed_before = records[-1]["train_seconds"]
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs if logs is not None else {}
+        step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+        train_seconds = self._elapsed_before + time.time() - self._start
+        record = {"step": step, "train_seconds": round(train_seconds, 1)}
+        for key in ("loss", "val_loss", "val_perplexity", "val_masked_token_accuracy"):
+            if key in logs:
+                record[key] = float(logs[key])
+        if self.sources:
+            start = time.time()
+            hypotheses = self.translator.translate(self.sources)
+            bleu = sacrebleu.metrics.BLEU().corpus_score(hypotheses, [self.references])
+            logs["val_bleu"] = bleu.score
+            record["val_bleu"] = round(bleu.score, 2)
+            record["bleu_seconds"] = round(time.time() - start, 1)
+        # The next interval's clock leaves the validation time out.
+        self._start += record.get("bleu_seconds", 0.0)
+        if self.history_path:
+            with open(self.history_path, "a") as file:
+                file.write(json.dumps(record) + "\n")
+        shown = [f"checkpoint at step {step}"]
+        if "val_loss" in record:
+            shown.append(f"valid loss {record['val_loss']:.3f}")
+        if "val_perplexity" in record:
+            shown.append(f"perplexity {record['val_perplexity']:.2f}")
+        if "val_bleu" in record:
+            shown.append(f"greedy BLEU {record['val_bleu']:.2f} on {len(self.sources)} sentences")
+        self.log(" | ".join(shown))
+
+
+def read_history(path):
+    """The records `ValidationBLEU` wrote, the newest per step, by step."""
+    records = {}
+    with open(path) as file:
+        for line in file:
+            line = line.strip()
+            if line:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line cut by a crash
+                records[record["step"]] = record
+    return [records[step] for step in sorted(records)]
+

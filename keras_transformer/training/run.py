@@ -1,0 +1,444 @@
+"""A whole training run from parallel text files to a saved translator.
+
+`keras-transformer train` and the recipes are configurations of this code:
+
+    config = TrainingConfig(
+        model_dir="runs/multi30k",
+        train_source=["train.en"], train_target=["train.de"],
+        valid_source=["val.en"], valid_target=["val.de"],
+        preset="small", train_steps=3000,
+    )
+    translator = train_translator(config)
+
+The run's configuration is written to `model_dir/train_config.json` before
+training starts, so the run can be repeated, or resumed after a crash, from
+that file alone (`TrainingConfig.load`). Everything that can be checked
+(files, numbers, names, the model directory) is checked before any data is
+read or any step is trained.
+"""
+
+import dataclasses
+import json
+import math
+import os
+import tempfile
+import time
+
+import keras
+
+from keras_transformer.data.corpus import ParallelCorpus
+from keras_transformer.data.corpus import read_parallel_text
+from keras_transformer.data.pipeline import make_dataset
+from keras_transformer.data.tokenizer import MODEL_FILE as VOCABULARY_FILE
+from keras_transformer.data.tokenizer import SubwordTokenizer
+from keras_transformer.decoding.translator import Translator
+from keras_transformer.models.presets import PRESETS
+from keras_transformer.models.transformer import build_transformer
+from keras_transformer.training.checkpoints import average_checkpoints
+from keras_transformer.training.checkpoints import list_checkpoints
+from keras_transformer.training.distribution import Distribution
+from keras_transformer.training.progress import ProgressLog
+from keras_transformer.training.progress import ValidationBLEU
+from keras_transformer.training.progress import format_duration
+from keras_transformer.training.trainer import compile_model
+from keras_transformer.training.trainer import fit
+
+CONFIG_FILE = "train_config.json"
+HISTORY_FILE = "history.jsonl"
+MODEL_ARGUMENTS = (
+    "num_layers",
+    "d_model",
+    "d_ff",
+    "num_heads",
+    "dropout",
+    "attention_dropout",
+    "normalize_first",
+    "share_embeddings",
+)
+DTYPES = ("float32", "mixed_bfloat16", "mixed_float16")
+
+
+@dataclasses.dataclass
+class TrainingConfig:
+    """Everything a training run needs, as JSON-friendly values.
+
+    Attributes:
+        model_dir: where checkpoints, logs, the vocabulary and the trained
+            translator go.
+        train_source, train_target: training files, line-aligned (plain or
+            .gz); lists are read one after the other.
+        valid_source, valid_target: validation files: the validation loss
+            and greedy BLEU at each checkpoint, and nothing else.
+        vocabulary: a directory holding `subword.model` to reuse; a new
+            shared vocabulary of `vocabulary_size` pieces is trained on the
+            training text when None.
+        vocabulary_size: the size of a vocabulary trained here.
+        preset: a `build_transformer` preset; `model` overrides its fields
+            (`num_layers`, `d_model`, `d_ff`, `num_heads`, `dropout`,
+            `attention_dropout`, `normalize_first`, `share_embeddings`).
+        dtype: `"float32"`, `"mixed_bfloat16"` or `"mixed_float16"`.
+        tokens_per_batch: padded tokens per side per batch (section 5.1).
+        max_tokens: pairs with a side longer than this many subword tokens
+            (EOS included) are left out of training; longer inputs are cut
+            when translating.
+        warmup_steps, learning_rate_scale: the schedule (section 5.3).
+        label_smoothing: eps_ls (section 5.4).
+        train_steps: optimizer steps in all.
+        checkpoint_every: steps between checkpoints (and validations).
+        average: how many of the last checkpoints the final model averages.
+        valid_pairs: validate on the first this many pairs only (None:
+            all of them).
+        valid_bleu_sentences: validation sentences translated for BLEU at
+            each checkpoint (0 turns it off; None takes them all).
+        beam_size, alpha, max_extra_length: the saved translator's search.
+        jit_compile: `"auto"`, True or False: XLA for the train step.
+        seed: the seed of the weights, the dropout and the data order.
+        log_every: a progress line every this many steps.
+    """
+
+    model_dir: str
+    train_source: list
+    train_target: list
+    valid_source: list
+    valid_target: list
+    vocabulary: str = None
+    vocabulary_size: int = 8000
+    preset: str = "small"
+    model: dict = dataclasses.field(default_factory=dict)
+    dtype: str = "float32"
+    tokens_per_batch: int = 4096
+    max_tokens: int = 128
+    warmup_steps: int = 4000
+    learning_rate_scale: float = 1.0
+    label_smoothing: float = 0.1
+    train_steps: int = 10000
+    checkpoint_every: int = 1000
+    average: int = 5
+    valid_pairs: int = None
+    valid_bleu_sentences: int = 500
+    beam_size: int = 4
+    alpha: float = 0.6
+    max_extra_length: int = 50
+    jit_compile: object = "auto"
+    seed: int = 0
+    log_every: int = 100
+
+    def __post_init__(self):
+        for name in ("train_source", "train_target", "valid_source", "valid_target"):
+            value = getattr(self, name)
+            setattr(self, name, [value] if isinstance(value, (str, os.PathLike)) else list(value))
+            setattr(self, name, [os.fspath(path) for path in getattr(self, name)])
+        self.model_dir = os.fspath(self.model_dir)
+        if self.vocabulary is not None:
+            self.vocabulary = os.fspath(self.vocabulary)
+        self.model = dict(self.model or {})
+
+    # === Checks, before anything runs ===
+
+    def validate(self):
+        """Raises `ValueError` naming every field that is out of its domain,
+        and `FileNotFoundError` for missing files."""
+        problems = []
+
+        def whole(name, least=1, value=None):
+            value = getattr(self, name) if value is None else value
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                problems.append(f"{name} must be an integer >= {least}; received {value!r}")
+
+        def number(name, low, high, value, low_open=False, high_open=True):
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            ok = ok and math.isfinite(value)
+            ok = ok and (value > low if low_open else value >= low)
+            ok = ok and (value < high if high_open else value <= high)
+            if not ok:
+                left, right = "(" if low_open else "[", ")" if high_open else "]"
+                problems.append(
+                    f"{name} must be a number in {left}{low}, {high}{right}; received {value!r}"
+                )
+
+        for name in ("tokens_per_batch", "train_steps", "checkpoint_every", "average",
+                     "beam_size", "max_extra_length", "warmup_steps", "log_every"):
+            whole(name)
+        whole("max_tokens", 2)
+        whole("vocabulary_size", 300 if self.vocabulary is None else 1)
+        whole("seed", 0)
+        if self.valid_bleu_sentences is not None:
+            whole("valid_bleu_sentences", 0)
+        if self.valid_pairs is not None:
+            whole("valid_pairs")
+        number("learning_rate_scale", 0, math.inf, self.learning_rate_scale, low_open=True)
+        number("label_smoothing", 0, 1, self.label_smoothing)
+        number("alpha", 0, math.inf, self.alpha)
+        if isinstance(self.tokens_per_batch, int) and isinstance(self.max_tokens, int):
+            if self.tokens_per_batch < self.max_tokens:
+                problems.append(
+                    f"tokens_per_batch ({self.tokens_per_batch}) must hold at least one "
+                    f"pair of max_tokens ({self.max_tokens}) tokens"
+                )
+        if self.preset not in PRESETS:
+            problems.append(f"preset must be one of {sorted(PRESETS)}; received {self.preset!r}")
+        if self.dtype not in DTYPES:
+            problems.append(f"dtype must be one of {list(DTYPES)}; received {self.dtype!r}")
+        if self.jit_compile not in ("auto", True, False):
+            problems.append(f"jit_compile must be 'auto', true or false; received {self.jit_compile!r}")
+        unknown = sorted(set(self.model) - set(MODEL_ARGUMENTS))
+        if unknown:
+            problems.append(f"model has unknown fields {unknown}; expected some of {list(MODEL_ARGUMENTS)}")
+        for name in ("num_layers", "d_model", "d_ff", "num_heads"):
+            if name in self.model:
+                whole(f"model.{name}", 1, self.model[name])
+        for name in ("dropout", "attention_dropout"):
+            if name in self.model:
+                number(f"model.{name}", 0, 1, self.model[name])
+        architecture = self.architecture() if self.preset in PRESETS else {}
+        if not problems and architecture["d_model"] % architecture["num_heads"]:
+            problems.append(
+                f"d_model ({architecture['d_model']}) must be divisible by num_heads "
+                f"({architecture['num_heads']})"
+            )
+        if problems:
+            raise ValueError("Invalid training configuration: " + "; ".join(problems) + ".")
+
+        for side in ("train", "valid"):
+            sources, targets = getattr(self, f"{side}_source"), getattr(self, f"{side}_target")
+            if not sources or len(sources) != len(targets):
+                raise ValueError(
+                    f"{side}_source and {side}_target must name the same number of files "
+                    f"(at least one each); received {sources} and {targets}."
+                )
+            for path in sources + targets:
+                if not os.path.isfile(path):
+                    raise FileNotFoundError(f"No such file: {path} (a {side} file).")
+        if self.vocabulary is not None:
+            path = os.path.join(self.vocabulary, VOCABULARY_FILE)
+            if not os.path.isfile(path):
+                raise FileNotFoundError(
+                    f"No vocabulary to reuse in {self.vocabulary}: expected {VOCABULARY_FILE} "
+                    "(written by SubwordTokenizer.save, or a model directory)."
+                )
+
+    def architecture(self):
+        """The `build_transformer` arguments, preset and overrides merged."""
+        return PRESETS[self.preset] | self.model
+
+    # === JSON ===
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+    def save(self, directory=None):
+        """Writes `train_config.json` into `directory` (the model dir)."""
+        directory = directory or self.model_dir
+        os.makedirs(directory, exist_ok=True)
+        _write_atomically(
+            os.path.join(directory, CONFIG_FILE), json.dumps(self.to_dict(), indent=2) + "\n"
+        )
+
+    @classmethod
+    def from_dict(cls, values, source="the configuration"):
+        fields = {field.name for field in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - fields)
+        missing = sorted(
+            field.name
+            for field in dataclasses.fields(cls)
+            if field.default is dataclasses.MISSING
+            and field.default_factory is dataclasses.MISSING
+            and field.name not in values
+        )
+        if unknown or missing:
+            raise ValueError(
+                f"{source} does not describe a training run: unknown fields {unknown}, "
+                f"missing fields {missing}."
+            )
+        return cls(**values)
+
+    @classmethod
+    def load(cls, path):
+        """Reads a configuration: a `train_config.json`, or a model dir."""
+        if os.path.isdir(path):
+            path = os.path.join(path, CONFIG_FILE)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(
+                f"No training configuration at {path}: expected the {CONFIG_FILE} "
+                "that a training run writes into its model directory."
+            )
+        try:
+            with open(path) as file:
+                values = json.load(file)
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ValueError(f"{path} is not valid JSON: {error}") from None
+        if not isinstance(values, dict):
+            raise ValueError(f"{path} must hold a JSON object; it holds {type(values).__name__}.")
+        return cls.from_dict(values, source=path)
+
+
+def _write_atomically(path, text):
+    directory = os.path.dirname(path) or "."
+    with tempfile.NamedTemporaryFile("w", dir=directory, delete=False, suffix=".tmp") as file:
+        file.write(text)
+        temporary = file.name
+    os.replace(temporary, path)
+
+
+def prepare_model_dir(config, resume=False):
+    """Checks that `config.model_dir` can take this run, and saves the config.
+
+    A directory holding another run's checkpoints is refused unless
+    `resume` is set; with `resume`, its saved configuration must equal this
+    one, except `train_steps`, which may grow to train longer.
+    """
+    model_dir = config.model_dir
+    if os.path.exists(model_dir) and not os.path.isdir(model_dir):
+        raise ValueError(f"--model-dir {model_dir} exists and is not a directory.")
+    checkpoints = list_checkpoints(os.path.join(model_dir, "checkpoints"))
+    saved_path = os.path.join(model_dir, CONFIG_FILE)
+    if resume:
+        if os.path.isfile(saved_path):
+            saved = TrainingConfig.load(saved_path).to_dict()
+            requested = config.to_dict()
+            differences = [
+                f"{key}: {saved.get(key)!r} in the run, {requested.get(key)!r} now"
+                for key in sorted(requested)
+                if key != "train_steps" and saved.get(key) != requested.get(key)
+            ]
+            if differences:
+                raise ValueError(
+                    f"Cannot resume {model_dir} with a different configuration ("
+                    + "; ".join(differences)
+                    + "). Resume with its own train_config.json, or start a new --model-dir."
+                )
+    elif checkpoints:
+        raise ValueError(
+            f"{model_dir} already holds a run ({len(checkpoints)} checkpoints, the last "
+            f"{os.path.basename(checkpoints[-1])}). Pass --resume to continue it, or "
+            "choose another --model-dir."
+        )
+    try:
+        os.makedirs(os.path.join(model_dir, "checkpoints"), exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=os.path.join(model_dir, "checkpoints"))
+        probe.close()
+    except OSError as error:
+        raise ValueError(f"Cannot write checkpoints into {model_dir}: {error}") from None
+    config.save()
+
+
+def read_corpus(sources, targets, name):
+    """The pairs of several line-aligned file pairs, one after the other."""
+    corpora = [read_parallel_text(s, t) for s, t in zip(sources, targets)]
+    return ParallelCorpus(
+        sum((c.sources for c in corpora), ()),
+        sum((c.targets for c in corpora), ()),
+        name=name,
+        skipped_empty=sum(c.skipped_empty for c in corpora),
+        filtered_too_long=sum(c.filtered_too_long for c in corpora),
+    )
+
+
+def train_translator(config, resume=False, log=print, verbose=0):
+    """Trains a translator as `config` says, and saves it in its model dir.
+
+    The model directory then holds what `Translator.load` (and the
+    `translate`, `evaluate`, `plot-attention` and `export` commands) reads:
+    `model.keras` (the average of the last `config.average` checkpoints),
+    the vocabulary and the search settings; and also `train_config.json`,
+    `checkpoints/`, `history.jsonl` (the validation curve) and `logs/`
+    (TensorBoard).
+
+    Args:
+        config: a `TrainingConfig`.
+        resume: continue the run already in `config.model_dir`.
+        log: where progress lines go.
+        verbose: Keras's own progress output (0: none, as `log` has it).
+
+    Returns:
+        The saved `Translator`.
+    """
+    config.validate()
+    prepare_model_dir(config, resume)
+    keras.utils.set_random_seed(config.seed)
+    started = time.time()
+
+    train = read_corpus(config.train_source, config.train_target, "train")
+    valid = read_corpus(config.valid_source, config.valid_target, "valid")[: config.valid_pairs]
+    log(f"{train.summary()}\n{valid.summary()}")
+    tokenizer = _vocabulary(config, train, log)
+
+    distribution = Distribution()
+    log(f"{distribution}")
+    train_data = make_dataset(
+        train, tokenizer, config.tokens_per_batch, max_length=config.max_tokens,
+        repeat=True, seed=config.seed, batch_multiple=distribution.num_replicas,
+    )
+    valid_data = make_dataset(
+        valid, tokenizer, config.tokens_per_batch, max_length=config.max_tokens, shuffle=False
+    )
+    architecture = config.architecture() | {"vocabulary_size": tokenizer.vocabulary_size}
+    with distribution.scope():
+        model = build_transformer(
+            config.preset, **architecture,
+            dtype=None if config.dtype == "float32" else config.dtype,
+        )
+        compile_model(
+            model, warmup_steps=config.warmup_steps, label_smoothing=config.label_smoothing,
+            learning_rate_scale=config.learning_rate_scale, jit_compile=config.jit_compile,
+        )
+    log(
+        f"model: {model.count_params():,} parameters ("
+        + ", ".join(f"{k}={v}" for k, v in architecture.items())
+        + f", dtype={config.dtype})"
+    )
+
+    bleu_sources = valid.sources[: config.valid_bleu_sentences]
+    bleu_references = valid.targets[: config.valid_bleu_sentences]
+    callbacks = [ProgressLog(config.train_steps, every=config.log_every, log=log)]
+    greedy = Translator(
+        model, tokenizer, beam_size=1, max_source_length=config.max_tokens,
+        max_extra_length=config.max_extra_length,
+    )
+    callbacks.append(
+        ValidationBLEU(
+            greedy, bleu_sources, bleu_references,
+            history_path=os.path.join(config.model_dir, HISTORY_FILE), log=log,
+        )
+    )
+    model = fit(
+        model, train_data, config.model_dir, config.train_steps,
+        checkpoint_every=config.checkpoint_every, keep_checkpoints=config.average,
+        validation_data=valid_data, callbacks=callbacks, verbose=verbose,
+    )
+
+    checkpoints = list_checkpoints(os.path.join(config.model_dir, "checkpoints"))
+    kept = checkpoints[-config.average :]
+    final = average_checkpoints(kept) if len(kept) > 1 else model
+    translator = Translator(
+        final, tokenizer, beam_size=config.beam_size, alpha=config.alpha,
+        max_extra_length=config.max_extra_length, max_source_length=config.max_tokens,
+    )
+    translator.save(config.model_dir)
+    log(
+        f"saved the translator (the average of {len(kept)} checkpoints: "
+        + ", ".join(os.path.basename(path) for path in kept)
+        + f") in {config.model_dir} after {format_duration(time.time() - started)}"
+    )
+    return translator
+
+
+def _vocabulary(config, train, log):
+    """The run's vocabulary: its own when resuming, the given one, or new."""
+    own = os.path.join(config.model_dir, VOCABULARY_FILE)
+    if os.path.isfile(own):
+        tokenizer = SubwordTokenizer.load(config.model_dir)
+        log(f"vocabulary: {tokenizer.vocabulary_size} pieces from {config.model_dir}")
+    elif config.vocabulary is not None:
+        tokenizer = SubwordTokenizer.load(config.vocabulary)
+        tokenizer.save(config.model_dir)
+        log(f"vocabulary: {tokenizer.vocabulary_size} pieces from {config.vocabulary}")
+    else:
+        start = time.time()
+        tokenizer = SubwordTokenizer.train(train, config.vocabulary_size, seed=config.seed)
+        tokenizer.save(config.model_dir)
+        log(
+            f"vocabulary: trained {tokenizer.vocabulary_size} shared BPE pieces in "
+            f"{time.time() - start:.0f}s"
+        )
+    return tokenizer

@@ -1,0 +1,206 @@
+"""`keras-transformer train`: parallel files in, a translator directory out;
+errors before training; resumption after kill -9; the Multi30k recipe."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import keras
+import numpy as np
+import pytest
+
+import keras_transformer as kt
+from keras_transformer.training import TrainingConfig
+
+from conftest import MULTI30K, needs_multi30k
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def cli(*args, wait=True):
+    command = [sys.executable, "-m", "keras_transformer", *map(str, args)]
+    env = dict(os.environ, KERAS_BACKEND=keras.backend.backend())
+    if not wait:
+        return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """A few hundred built-in pairs as parallel files, the training set gzipped."""
+    import gzip
+
+    directory = tmp_path_factory.mktemp("data")
+    for split, size in (("train", 300), ("valid", 12)):
+        corpus = kt.data.builtin_corpus(split, size=size)
+        for side, lines in (("en", corpus.sources), ("de", corpus.targets)):
+            text = "".join(line + "\n" for line in lines).encode()
+            if split == "train":
+                (directory / f"{split}.{side}.gz").write_bytes(gzip.compress(text))
+            else:
+                (directory / f"{split}.{side}").write_bytes(text)
+    return directory
+
+
+def train_arguments(files, model_dir, *extra):
+    return [
+        "train",
+        "--train-source", files / "train.en.gz", "--train-target", files / "train.de.gz",
+        "--valid-source", files / "valid.en", "--valid-target", files / "valid.de",
+        "--model-dir", model_dir, "--preset", "tiny", "--num-layers", "1",
+        "--vocabulary-size", "400", "--tokens-per-batch", "512", "--max-tokens", "48",
+        "--warmup-steps", "20", "--valid-bleu-sentences", "6", "--beam-size", "2",
+        *map(str, extra),
+    ]
+
+
+PROGRESS = re.compile(
+    r"^step (\d+)/(\d+) \| [\d.]+ steps/s \| [\d,]+ tok/s \| loss ([\d.]+) \| lr [\d.e+-]+", re.M
+)
+
+
+def test_train_writes_a_translator_directory_the_other_commands_take(files, tmp_path):
+    model_dir = tmp_path / "run"
+    result = cli(*train_arguments(files, model_dir, "--train-steps", 7, "--checkpoint-every", 5,
+                                  "--average", 2, "--log-every", 2))
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = [int(m.group(1)) for m in PROGRESS.finditer(result.stdout)]
+    assert steps == [2, 4, 6, 7]
+    assert "ETA" in result.stdout
+    assert re.search(r"checkpoint at step 5 \| valid loss [\d.]+ \| perplexity [\d.]+ \| greedy BLEU [\d.]+ on 6 sentences", result.stdout)
+    # It stopped at exactly 7 steps, with a checkpoint there, and averaged the last two.
+    kept = sorted(os.listdir(model_dir / "checkpoints"))
+    assert kept == ["ckpt-00000005.keras", "ckpt-00000007.keras"]
+    history = [json.loads(line) for line in (model_dir / "history.jsonl").read_text().splitlines()]
+    assert [record["step"] for record in history] == [5, 7]
+    assert all({"val_loss", "val_bleu", "train_seconds"} <= set(record) for record in history)
+    assert any(name.startswith("events") for _, _, names in os.walk(model_dir / "logs") for name in names)
+
+    config = TrainingConfig.load(model_dir)
+    assert config.train_steps == 7 and config.model == {"num_layers": 1}
+    assert config.train_source == [str(files / "train.en.gz")]
+    translator = kt.Translator.load(model_dir)
+    assert (translator.beam_size, translator.max_source_length) == (2, 48)
+    averaged = kt.training.average_checkpoints(kt.training.list_checkpoints(model_dir / "checkpoints"))
+    for got, want in zip(translator.model.get_weights(), averaged.get_weights()):
+        np.testing.assert_array_equal(got, want)
+
+    translated = cli("translate", "--model-dir", model_dir, "--input", files / "valid.en")
+    assert translated.returncode == 0, translated.stderr[-3000:]
+    assert len(translated.stdout.splitlines()) == 12
+    scored = cli("evaluate", "--model-dir", model_dir, "--source", files / "valid.en",
+                 "--reference", files / "valid.de")
+    assert scored.returncode == 0 and "BLEU = " in scored.stdout, scored.stderr[-3000:]
+
+    # The saved configuration repeats the run, with options overriding it.
+    repeated = cli("train", "--config", model_dir / "train_config.json", "--model-dir", tmp_path / "again",
+                   "--train-steps", 2, "--checkpoint-every", 2)
+    assert repeated.returncode == 0, repeated.stderr[-3000:]
+    again = TrainingConfig.load(tmp_path / "again")
+    assert again.to_dict() == config.to_dict() | {
+        "model_dir": str(tmp_path / "again"), "train_steps": 2, "checkpoint_every": 2
+    }
+
+
+def progress_losses(stdout):
+    return {int(m.group(1)): float(m.group(3)) for m in PROGRESS.finditer(stdout)}
+
+
+def test_train_resumes_after_kill_9_and_the_loss_curve_continues(files, tmp_path):
+    common = ["--dropout", 0, "--checkpoint-every", 10, "--log-every", 5, "--average", 3]
+    whole = cli(*train_arguments(files, tmp_path / "whole", "--train-steps", 60, *common))
+    assert whole.returncode == 0, whole.stderr[-3000:]
+
+    killed_dir = tmp_path / "killed"
+    process = cli(*train_arguments(files, killed_dir, "--train-steps", 60, *common), wait=False)
+    second = killed_dir / "checkpoints" / "ckpt-00000020.keras"
+    deadline = time.time() + 300
+    while not second.exists() and time.time() < deadline and process.poll() is None:
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    stdout, _ = process.communicate()
+    assert process.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    assert not (killed_dir / "model.keras").exists()
+    done = max(kt.training.checkpoints.checkpoint_step(p)
+               for p in kt.training.list_checkpoints(killed_dir / "checkpoints"))
+    assert 20 <= done < 60
+
+    # Without --resume the directory is refused; with it, the run goes on
+    # from its own train_config.json alone.
+    refused = cli(*train_arguments(files, killed_dir, "--train-steps", 60, *common))
+    assert refused.returncode != 0 and "Pass --resume" in refused.stderr
+    resumed = cli("train", "--resume", "--model-dir", killed_dir)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    before, after, reference = progress_losses(stdout), progress_losses(resumed.stdout), progress_losses(whole.stdout)
+    # The curve continues where the checkpoint left it, not from the start ...
+    assert min(after) == done + 5 and max(after) == 60
+    for step, loss in after.items():
+        assert loss == pytest.approx(reference[step], rel=1e-4), step
+    assert after[done + 5] < reference[5]
+    for step, loss in before.items():
+        assert loss == pytest.approx(reference[step], rel=1e-4), step
+    # ... and ends where an uninterrupted run ends.
+    history = [json.loads(line) for line in (killed_dir / "history.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in history][-1] == 60
+    for got, want in zip(kt.Translator.load(killed_dir).model.get_weights(),
+                         kt.Translator.load(tmp_path / "whole").model.get_weights()):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--train-steps", "0"], "train_steps must be an integer >= 1; received 0"),
+        (["--dropout", "nan"], "model.dropout must be a number in [0, 1); received nan"),
+        (["--alpha", "inf"], "alpha must be a number in [0, inf); received inf"),
+        (["--preset", "huge"], "preset must be one of"),
+        (["--num-heads", "3"], "d_model (64) must be divisible by num_heads (3)"),
+        (["--vocabulary", "/nonexistent"], "No vocabulary to reuse in /nonexistent"),
+    ],
+)
+def test_bad_arguments_are_one_error_line_before_any_training(files, tmp_path, extra, message):
+    result = cli(*train_arguments(files, tmp_path / "run", *extra))
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr and "step " not in result.stdout
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_bad_files_are_errors_that_name_them(files, tmp_path):
+    (tmp_path / "short.de").write_text("ein Satz\n")
+    mismatched = cli(*train_arguments(files, tmp_path / "a"), "--valid-target", tmp_path / "short.de")
+    assert mismatched.returncode != 0 and "Traceback" not in mismatched.stderr
+    assert "has 12 lines" in mismatched.stderr and "short.de has 1 lines" in mismatched.stderr
+    missing = cli(*train_arguments(files, tmp_path / "b"), "--train-source", tmp_path / "nope.en")
+    assert missing.returncode != 0 and "No such file: " in missing.stderr and "nope.en" in missing.stderr
+    (tmp_path / "bad.en").write_bytes(b"fine\n\xff\xfe broken\n" + b"x\n" * 10)
+    undecodable = cli(*train_arguments(files, tmp_path / "c"), "--valid-source", tmp_path / "bad.en")
+    assert undecodable.returncode != 0 and "bad.en:2: invalid UTF-8" in undecodable.stderr
+    no_data = cli("train", "--model-dir", tmp_path / "d")
+    assert no_data.returncode != 0 and "train needs --train-source" in no_data.stderr
+    no_run = cli("train", "--resume", "--model-dir", tmp_path / "e")
+    assert no_run.returncode != 0 and "No training configuration at" in no_run.stderr
+
+
+@needs_multi30k
+def test_multi30k_recipe_smoke_mode_trains_and_scores_test2016(tmp_path):
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "recipes", "multi30k_en_de.py"), "--smoke",
+         "--direction", "de-en", "--data-dir", MULTI30K, "--model-dir", tmp_path / "run"],
+        env=dict(os.environ, KERAS_BACKEND=keras.backend.backend()),
+        capture_output=True, text=True, timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["direction"] == "de-en"
+    assert results["config"]["train_source"][0].endswith("train.de")
+    assert [(r["model"], r["search"]) for r in results["test2016"]] == [
+        ("last checkpoint", "greedy"), ("last checkpoint", "beam 4, alpha 0.6"),
+        ("average of last 2", "greedy"), ("average of last 2", "beam 4, alpha 0.6"),
+    ]
+    assert all(r["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a") for r in results["test2016"])
+    assert len((tmp_path / "run" / "test2016.hyp").read_text().splitlines()) == 8
