@@ -49,6 +49,10 @@ def parse_args(argv=None):
     parser.add_argument("--dtype", default="mixed_bfloat16", choices=["float32", "mixed_bfloat16"])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--smoke", action="store_true", help="a few steps on a few pairs, to test the setup")
+    parser.add_argument(
+        "--report-only", action="store_true",
+        help="only draw the figures and samples of a finished run (results.json)",
+    )
     return parser.parse_args(argv)
 
 
@@ -130,6 +134,64 @@ def evaluate_test(config, test_sources, test_references, log):
     return results
 
 
+def write_report(config, test, log):
+    """The training curve, a cross-attention heatmap and ten samples.
+
+    Writes `training_curve.png`, `attention.png` and `samples.md` into the
+    model directory, from `history.jsonl` and `test2016.hyp`.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from keras_transformer.decoding import Translator
+    from keras_transformer.decoding import plot_cross_attention
+    from keras_transformer.training.progress import read_history
+    from keras_transformer.training.run import HISTORY_FILE
+
+    history = read_history(os.path.join(config.model_dir, HISTORY_FILE))
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for axis, key, label in (
+        (axes[0], "step", "training step"),
+        (axes[1], "minutes", "training time (minutes, validation excluded)"),
+    ):
+        x = [r["step"] if key == "step" else r["train_seconds"] / 60 for r in history]
+        axis.plot(x, [r.get("loss") for r in history], "o-", label="training loss (label-smoothed)")
+        axis.plot(x, [r.get("val_loss") for r in history], "s-", label="validation loss (label-smoothed)")
+        axis.set_xlabel(label)
+        axis.grid(alpha=0.3)
+        bleu_axis = axis.twinx()
+        bleu_axis.plot(x, [r.get("val_bleu") for r in history], "^-", color="tab:green", label="validation BLEU (greedy)")
+        bleu_axis.set_ylim(0, 50)
+        if axis is axes[1]:
+            bleu_axis.set_ylabel("validation BLEU (greedy, sacreBLEU)")
+        else:
+            axis.set_ylabel("loss")
+            lines = axis.get_lines() + bleu_axis.get_lines()
+            axis.legend(lines, [line.get_label() for line in lines], loc="center right")
+    figure.suptitle(f"Multi30k {os.path.basename(config.train_source[0]).split('.')[-1]} -> "
+                    f"{os.path.basename(config.train_target[0]).split('.')[-1]}: {config.model_dir}")
+    figure.tight_layout()
+    curve = os.path.join(config.model_dir, "training_curve.png")
+    figure.savefig(curve, dpi=100)
+    plt.close(figure)
+
+    translator = Translator.load(config.model_dir)
+    heatmap = os.path.join(config.model_dir, "attention.png")
+    translation = plot_cross_attention(translator, test.sources[0], heatmap)
+    hypotheses_path = os.path.join(config.model_dir, "test2016.hyp")
+    with open(hypotheses_path, encoding="utf-8") as file:
+        hypotheses = file.read().splitlines()
+    lines = ["| # | source | reference | ours (averaged, beam 4) |", "| --- | --- | --- | --- |"]
+    for index in range(min(10, len(hypotheses))):
+        cells = (test.sources[index], test.targets[index], hypotheses[index])
+        lines.append(f"| {index + 1} | " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    with open(os.path.join(config.model_dir, "samples.md"), "w", encoding="utf-8") as file:
+        file.write("\n".join(lines) + "\n")
+    log(f"wrote {curve}, {heatmap} ({test.sources[0]!r} -> {translation!r}) and samples.md")
+
+
 def main(argv=None):
     args = parse_args(argv)
     from keras_transformer.data import read_parallel_text
@@ -147,6 +209,9 @@ def main(argv=None):
     )
     if args.smoke:
         test = test[:8]
+    if args.report_only:
+        write_report(config, test, log)
+        return
     start = time.time()
     try:
         train_translator(config, resume=args.resume, log=log)
@@ -164,6 +229,7 @@ def main(argv=None):
     }
     with open(os.path.join(config.model_dir, "results.json"), "w") as file:
         json.dump(summary, file, indent=2)
+    write_report(config, test, log)
     best = max(results, key=lambda r: r["bleu"])
     log(f"best on test2016: BLEU {best['bleu']:.2f} ({best['model']}, {best['search']}); "
         f"signature {best['bleu_signature']}")
