@@ -246,3 +246,16 @@ def test_exports_go_to_new_versions_in_tf_serving_layout(translator, tmp_path, c
         export_new_version(translator, "a/b", base_dir=str(base))
     with pytest.raises(SystemExit, match="No model.keras"):
         cli.main(["export", "--model-dir", str(tmp_path / "missing")])
+
+
+def test_translate_file_serves_a_file_as_the_translator_translates_it(exported, translator, tmp_path):
+    lines = [*SENTENCES, "the dog sees the old man and the cat ."] * 3
+    (tmp_path / "input.en").write_text("".join(line + "\n" for line in lines))
+    result = subprocess.run(
+        [sys.executable, os.path.join(HERE, "..", "saved_models", "translate_file.py"), str(exported),
+         "--input", str(tmp_path / "input.en"), "--output", str(tmp_path / "served.de"),
+         "--batch-size", "4"],
+        capture_output=True, text=True,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "served.de").read_text().splitlines() == translator.translate(lines)

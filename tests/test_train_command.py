@@ -151,39 +151,59 @@ def test_train_resumes_after_kill_9_and_the_loss_curve_continues(files, tmp_path
         np.testing.assert_allclose(got, want, atol=1e-5)
 
 
+def cli_error(*args):
+    """The one-line error the command exits with, run in this process."""
+    from keras_transformer.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(a) for a in args])
+    assert isinstance(exit_info.value.code, str), exit_info.value.code
+    assert exit_info.value.code.startswith("error: ")
+    return exit_info.value.code
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [
         (["--train-steps", "0"], "train_steps must be an integer >= 1; received 0"),
         (["--dropout", "nan"], "model.dropout must be a number in [0, 1); received nan"),
         (["--alpha", "inf"], "alpha must be a number in [0, inf); received inf"),
+        (["--learning-rate-scale", "-1"], "learning_rate_scale must be a number in (0, inf); received -1.0"),
         (["--preset", "huge"], "preset must be one of"),
         (["--num-heads", "3"], "d_model (64) must be divisible by num_heads (3)"),
         (["--vocabulary", "/nonexistent"], "No vocabulary to reuse in /nonexistent"),
     ],
 )
-def test_bad_arguments_are_one_error_line_before_any_training(files, tmp_path, extra, message):
-    result = cli(*train_arguments(files, tmp_path / "run", *extra))
-    assert result.returncode != 0
-    assert message in result.stderr
-    assert "Traceback" not in result.stderr and "step " not in result.stdout
+def test_bad_arguments_are_one_error_line_before_any_training(files, tmp_path, extra, message, capsys):
+    error = cli_error(*train_arguments(files, tmp_path / "run", *extra))
+    assert message in error and "\n" not in error
+    assert "step " not in capsys.readouterr().out
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-def test_bad_files_are_errors_that_name_them(files, tmp_path):
+def test_bad_files_are_errors_that_name_them(files, tmp_path, capsys):
     (tmp_path / "short.de").write_text("ein Satz\n")
-    mismatched = cli(*train_arguments(files, tmp_path / "a"), "--valid-target", tmp_path / "short.de")
-    assert mismatched.returncode != 0 and "Traceback" not in mismatched.stderr
-    assert "has 12 lines" in mismatched.stderr and "short.de has 1 lines" in mismatched.stderr
-    missing = cli(*train_arguments(files, tmp_path / "b"), "--train-source", tmp_path / "nope.en")
-    assert missing.returncode != 0 and "No such file: " in missing.stderr and "nope.en" in missing.stderr
+    mismatched = cli_error(*train_arguments(files, tmp_path / "a"), "--valid-target", tmp_path / "short.de")
+    assert "has 12 lines" in mismatched and "short.de has 1 lines" in mismatched
+    missing = cli_error(*train_arguments(files, tmp_path / "b"), "--train-source", tmp_path / "nope.en")
+    assert "No such file: " in missing and "nope.en" in missing
     (tmp_path / "bad.en").write_bytes(b"fine\n\xff\xfe broken\n" + b"x\n" * 10)
-    undecodable = cli(*train_arguments(files, tmp_path / "c"), "--valid-source", tmp_path / "bad.en")
-    assert undecodable.returncode != 0 and "bad.en:2: invalid UTF-8" in undecodable.stderr
-    no_data = cli("train", "--model-dir", tmp_path / "d")
-    assert no_data.returncode != 0 and "train needs --train-source" in no_data.stderr
-    no_run = cli("train", "--resume", "--model-dir", tmp_path / "e")
-    assert no_run.returncode != 0 and "No training configuration at" in no_run.stderr
+    undecodable = cli_error(*train_arguments(files, tmp_path / "c"), "--valid-source", tmp_path / "bad.en")
+    assert "bad.en:2: invalid UTF-8" in undecodable
+    assert "train needs --train-source" in cli_error("train", "--model-dir", tmp_path / "d")
+    assert "No training configuration at" in cli_error("train", "--resume", "--model-dir", tmp_path / "e")
+    (tmp_path / "f").mkdir()
+    (tmp_path / "f" / "train_config.json").write_text('{"model_dir": "x", "colour": 3}')
+    assert "unknown fields ['colour']" in cli_error("train", "--config", tmp_path / "f" / "train_config.json")
+    assert "step " not in capsys.readouterr().out
+
+
+def test_a_bad_argument_exits_without_a_traceback(files, tmp_path):
+    result = cli(*train_arguments(files, tmp_path / "run", "--dropout", "1.5"))
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: Invalid training configuration: model.dropout must be a number in [0, 1); received 1.5."
+    )
 
 
 @needs_multi30k
