@@ -89,8 +89,11 @@ class TargetTokens(_TokenMetric):
     def __init__(self, padding_id=0, name="target_tokens", **kwargs):
         super().__init__(padding_id=padding_id, name=name, **kwargs)
 
-    def per_token(self, y_true, y_pred):
-        return ops.zeros(ops.shape(y_true), "float32")
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        mask = non_padding_mask(y_true, self.padding_id)
+        if sample_weight is not None:
+            mask = mask * ops.cast(sample_weight, "float32")
+        self.count.assign_add(ops.sum(mask))
 
     def result(self):
-        return self.count
+        return ops.convert_to_tensor(self.count)

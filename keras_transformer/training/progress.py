@@ -18,6 +18,20 @@ def format_duration(seconds):
     return f"{seconds}s"
 
 
+def current_learning_rate(optimizer, step):
+    """The rate of the update after `step` updates, as a float.
+
+    Calls the schedule with a plain step: `optimizer.learning_rate` passes
+    the step variable itself, which the JAX backend cannot trace inside
+    `fit`.
+    """
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # loss scaling
+    rate = optimizer._learning_rate
+    if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
+        rate = rate(step)
+    return float(keras.ops.convert_to_numpy(rate))
+
+
 class ProgressLog(keras.callbacks.Callback):
     """Steady log lines: step, steps/s, target tokens/s, loss, rate, ETA.
 
@@ -66,7 +80,7 @@ class ProgressLog(keras.callbacks.Callback):
         if "target_tokens" in logs:
             parts.append(f"{(tokens - self._last_tokens) / elapsed:,.0f} tok/s")
         parts.append(f"loss {float(logs.get('loss', float('nan'))):.3f}")
-        parts.append(f"lr {float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)):.1e}")
+        parts.append(f"lr {current_learning_rate(self.model.optimizer, step):.1e}")
         if steps_per_second > 0 and step < self.train_steps:
             parts.append(f"ETA {format_duration((self.train_steps - step) / steps_per_second)}")
         self.log(" | ".join(parts))

@@ -1,0 +1,104 @@
+"""float32 against mixed_bfloat16 training on Multi30k batches, in one run.
+
+    python benchmarks/precision.py [--data-dir ../shared/data/multi30k] [--rounds 3]
+
+Builds the Multi30k recipe's model (3+3 layers, d_model 256, dropout 0.3,
+8,000-piece vocabulary) once per precision, with the same initial weights,
+and trains each on the same 4,096-token batches of Multi30k. The two
+alternate in rounds of `--steps` steps, so both see the machine's noise. It
+prints the median step time of each and their ratio (float32 time over
+mixed_bfloat16 time: above 1 means bfloat16 is faster), after one warm-up
+round that compiles every batch shape.
+"""
+
+import argparse
+import os
+import time
+
+import keras
+import numpy as np
+
+import keras_transformer as kt
+from keras_transformer.data import SubwordTokenizer
+from keras_transformer.data import make_dataset
+from keras_transformer.data import read_parallel_text
+
+DEFAULT_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "multi30k")
+ARCHITECTURE = {"num_layers": 3, "d_model": 256, "d_ff": 1024, "num_heads": 4, "dropout": 0.3}
+
+
+class StepTimes(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        self.times = [time.perf_counter()]
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.times.append(time.perf_counter())
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", default=DEFAULT_DATA)
+    parser.add_argument("--steps", type=int, default=40, help="timed steps per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tokens-per-batch", type=int, default=4096)
+    args = parser.parse_args()
+
+    corpus = read_parallel_text(
+        os.path.join(args.data_dir, "train.en"), os.path.join(args.data_dir, "train.de")
+    )
+    tokenizer = SubwordTokenizer.train(corpus, 8000)
+    # A fixed list of batches: every model trains on exactly these.
+    batches = list(
+        make_dataset(corpus, tokenizer, args.tokens_per_batch, max_length=128, seed=0)
+        .take(args.steps * args.rounds + 1)
+    )
+    warmup = list(make_dataset(corpus, tokenizer, args.tokens_per_batch, max_length=128, shuffle=False))
+
+    def generator(items):
+        import tensorflow as tf
+
+        return tf.data.Dataset.from_generator(
+            lambda: iter(items),
+            output_signature=(
+                {"source_ids": tf.TensorSpec([None, None], tf.int32),
+                 "target_ids": tf.TensorSpec([None, None], tf.int32)},
+                tf.TensorSpec([None, None], tf.int32),
+            ),
+        )
+
+    models = {}
+    for dtype in ("float32", "mixed_bfloat16"):
+        keras.utils.set_random_seed(0)
+        model = kt.build_transformer(
+            "small", vocabulary_size=tokenizer.vocabulary_size, **ARCHITECTURE,
+            dtype=None if dtype == "float32" else dtype,
+        )
+        kt.training.compile_model(model, warmup_steps=2000)
+        start = time.perf_counter()
+        # One pass over every bucket's shapes, so no round compiles.
+        model.fit(generator(warmup), epochs=1, verbose=0)
+        print(f"{dtype}: warm-up epoch (compiles every shape) {time.perf_counter() - start:.0f}s", flush=True)
+        models[dtype] = model
+
+    step_times = {dtype: [] for dtype in models}
+    tokens = {dtype: 0 for dtype in models}
+    for round_index in range(args.rounds):
+        chunk = batches[round_index * args.steps : (round_index + 1) * args.steps]
+        for dtype, model in models.items():
+            timer = StepTimes()
+            model.fit(generator(chunk), epochs=1, verbose=0, callbacks=[timer])
+            step_times[dtype] += list(np.diff(timer.times))
+            tokens[dtype] += sum(int((labels.numpy() != 0).sum()) for _, labels in chunk)
+        print(f"round {round_index + 1}/{args.rounds}: " + ", ".join(
+            f"{d} {np.median(t) * 1000:.0f} ms/step" for d, t in step_times.items()), flush=True)
+
+    medians = {dtype: float(np.median(times)) for dtype, times in step_times.items()}
+    for dtype, median in medians.items():
+        rate = tokens[dtype] / sum(step_times[dtype])
+        print(f"{keras.backend.backend()} {dtype}: median {median * 1000:.0f} ms/step, "
+              f"{rate:,.0f} target tokens/s over {len(step_times[dtype])} steps")
+    print(f"mixed_bfloat16 speedup over float32: {medians['float32'] / medians['mixed_bfloat16']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
