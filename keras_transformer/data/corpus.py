@@ -58,6 +58,17 @@ class ParallelCorpus(collections.abc.Sequence):
         )
 
 
+def concatenate(corpora, name):
+    """One corpus of the pairs of several, in order, with their counts summed."""
+    return ParallelCorpus(
+        sum((c.sources for c in corpora), ()),
+        sum((c.targets for c in corpora), ()),
+        name=name,
+        skipped_empty=sum(c.skipped_empty for c in corpora),
+        filtered_too_long=sum(c.filtered_too_long for c in corpora),
+    )
+
+
 def read_lines(path):
     """The lines of a UTF-8 file (gzipped if it ends in .gz), without EOLs."""
     opener = gzip.open if str(path).endswith(".gz") else open

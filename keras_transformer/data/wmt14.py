@@ -2,7 +2,7 @@
 
 import os
 
-from keras_transformer.data.corpus import ParallelCorpus
+from keras_transformer.data.corpus import concatenate
 from keras_transformer.data.corpus import read_parallel_text
 from keras_transformer.data.corpus import read_tfds
 
@@ -22,16 +22,6 @@ OFFLINE_SPLITS = {
     "test": ["newstest2014"],
 }
 STANDARD_SPLITS = {"train": ["train"], "valid": ["valid"], "test": ["test"]}
-
-
-def _concatenate(corpora, name):
-    return ParallelCorpus(
-        sum((c.sources for c in corpora), ()),
-        sum((c.targets for c in corpora), ()),
-        name=name,
-        skipped_empty=sum(c.skipped_empty for c in corpora),
-        filtered_too_long=sum(c.filtered_too_long for c in corpora),
-    )
 
 
 def read_wmt14(data_dir=None, max_length=None, source_language="en", target_language="de"):
@@ -70,7 +60,7 @@ def read_wmt14(data_dir=None, max_length=None, source_language="en", target_lang
 
     splits = wmt14_files(data_dir, source_language, target_language)
     return {
-        split: _concatenate(
+        split: concatenate(
             [
                 read_parallel_text(
                     source, target, max_length=max_length if split == "train" else None

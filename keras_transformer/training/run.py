@@ -26,7 +26,7 @@ import time
 
 import keras
 
-from keras_transformer.data.corpus import ParallelCorpus
+from keras_transformer.data.corpus import concatenate
 from keras_transformer.data.corpus import read_parallel_text
 from keras_transformer.data.pipeline import make_dataset
 from keras_transformer.data.tokenizer import MODEL_FILE as VOCABULARY_FILE
@@ -324,14 +324,7 @@ def prepare_model_dir(config, resume=False):
 
 def read_corpus(sources, targets, name):
     """The pairs of several line-aligned file pairs, one after the other."""
-    corpora = [read_parallel_text(s, t) for s, t in zip(sources, targets)]
-    return ParallelCorpus(
-        sum((c.sources for c in corpora), ()),
-        sum((c.targets for c in corpora), ()),
-        name=name,
-        skipped_empty=sum(c.skipped_empty for c in corpora),
-        filtered_too_long=sum(c.filtered_too_long for c in corpora),
-    )
+    return concatenate([read_parallel_text(s, t) for s, t in zip(sources, targets)], name)
 
 
 def train_translator(config, resume=False, log=print, verbose=0):
