@@ -96,4 +96,7 @@ class TargetTokens(_TokenMetric):
         self.count.assign_add(ops.sum(mask))
 
     def result(self):
-        return ops.convert_to_tensor(self.count)
+        # A computed tensor, not the variable: JAX cannot trace a variable
+        # as an output, and a multi-worker strategy cannot reduce a plain
+        # read of one.
+        return ops.multiply(self.count, 1.0)
