@@ -154,7 +154,7 @@ def write_report(config, test, log):
     figure, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for axis, key, label in (
         (axes[0], "step", "training step"),
-        (axes[1], "minutes", "training time (minutes, validation excluded)"),
+        (axes[1], "minutes", "training time (minutes; validation BLEU excluded)"),
     ):
         x = [r["step"] if key == "step" else r["train_seconds"] / 60 for r in history]
         axis.plot(x, [r.get("loss") for r in history], "o-", label="training loss (label-smoothed)")
