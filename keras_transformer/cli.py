@@ -15,6 +15,7 @@ package is installed.
 """
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -158,13 +159,6 @@ def _add_train_arguments(parser):
     search.add_argument("--max-extra-length", type=int, help=f"(default {defaults.max_extra_length})")
 
 
-TRAIN_FIELDS = (
-    "train_source", "train_target", "valid_source", "valid_target", "model_dir",
-    "vocabulary", "vocabulary_size", "max_tokens", "preset", "dtype", "tokens_per_batch",
-    "train_steps", "warmup_steps", "learning_rate_scale", "label_smoothing",
-    "checkpoint_every", "average", "valid_bleu_sentences", "seed", "log_every",
-    "beam_size", "alpha", "max_extra_length",
-)
 MODEL_FIELDS = ("num_layers", "d_model", "d_ff", "num_heads", "dropout", "attention_dropout")
 
 
@@ -184,10 +178,11 @@ def training_config(args):
         values = TrainingConfig.load(args.config).to_dict()
     elif args.resume:
         values = TrainingConfig.load(args.model_dir).to_dict()
-    for name in TRAIN_FIELDS:
-        value = getattr(args, name)
-        if value is not None:
-            values[name] = value
+    # Every configuration field that has an option of the same name.
+    for field in dataclasses.fields(TrainingConfig):
+        value = getattr(args, field.name, None)
+        if field.name not in ("model", "jit_compile") and value is not None:
+            values[field.name] = value
     if args.jit_compile is not None:
         values["jit_compile"] = {"auto": "auto", "true": True, "false": False}[args.jit_compile]
     overrides = {name: getattr(args, name) for name in MODEL_FIELDS if getattr(args, name) is not None}

@@ -56,19 +56,20 @@ class ProgressLog(keras.callbacks.Callback):
         self.log = log
 
     def on_train_begin(self, logs=None):
+        # Read the step counter once; counting batches after that spares a
+        # host sync per step.
+        self._step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
         self._last_time = time.perf_counter()
-        self._last_step = self._step()
+        self._last_step = self._step
         self._last_tokens = 0.0
 
     def on_epoch_begin(self, epoch, logs=None):
         # Keras resets the metrics, so the token count, at each epoch.
         self._last_tokens = 0.0
 
-    def _step(self):
-        return int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
-
     def on_train_batch_end(self, batch, logs=None):
-        step = self._step()
+        self._step += 1
+        step = self._step
         if step % self.every and step != self.train_steps:
             return
         logs = logs or {}

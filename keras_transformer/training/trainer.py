@@ -81,9 +81,13 @@ class StopAtStep(keras.callbacks.Callback):
         super().__init__()
         self.train_steps = train_steps
 
+    def on_train_begin(self, logs=None):
+        # Read once, then counted: no host sync per step.
+        self._step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+
     def on_train_batch_end(self, batch, logs=None):
-        step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
-        if step >= self.train_steps:
+        self._step += 1
+        if self._step >= self.train_steps:
             self.model.stop_training = True
 
 
