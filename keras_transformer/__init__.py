@@ -4,19 +4,24 @@
     model = keras_transformer.build_transformer("base", vocabulary_size=37000)
 """
 
-from keras_transformer import checks
-from keras_transformer import data
-from keras_transformer import decoding
-from keras_transformer import layers
-from keras_transformer import losses
-from keras_transformer import metrics
-from keras_transformer import models
-from keras_transformer import optimizers
-from keras_transformer import schedules
-from keras_transformer import training
-from keras_transformer.decoding import Translator
-from keras_transformer.models import Transformer
-from keras_transformer.models import build_transformer
+from keras_transformer import environment
+
+# Before Keras is imported: the backend, torch's threads, quiet commands.
+environment.prepare()
+
+from keras_transformer import checks  # noqa: E402
+from keras_transformer import data  # noqa: E402
+from keras_transformer import decoding  # noqa: E402
+from keras_transformer import layers  # noqa: E402
+from keras_transformer import losses  # noqa: E402
+from keras_transformer import metrics  # noqa: E402
+from keras_transformer import models  # noqa: E402
+from keras_transformer import optimizers  # noqa: E402
+from keras_transformer import schedules  # noqa: E402
+from keras_transformer import training  # noqa: E402
+from keras_transformer.decoding import Translator  # noqa: E402
+from keras_transformer.models import Transformer  # noqa: E402
+from keras_transformer.models import build_transformer  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -26,6 +31,7 @@ __all__ = [
     "build_transformer",
     "checks",
     "data",
+    "environment",
     "decoding",
     "layers",
     "losses",

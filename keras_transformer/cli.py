@@ -4,9 +4,9 @@
         --valid-source val.en --valid-target val.de --model-dir runs/mine
     python -m keras_transformer translate --model-dir runs/quickstart < in.en > out.de
     python -m keras_transformer evaluate --model-dir runs/quickstart \\
-        --source test.en --reference test.de
+        --source runs/quickstart/test.en --reference runs/quickstart/test.de
     python -m keras_transformer plot-attention --model-dir runs/quickstart \\
-        --text "the old man sees the dog ." --output attention.png
+        --text "The old man sees the dog." --output runs/attention.png
     python -m keras_transformer export --model-dir runs/quickstart --name quickstart
 
 `--model-dir` is a directory written by `train` or `Translator.save` (the
@@ -16,8 +16,10 @@ package is installed.
 
 import argparse
 import dataclasses
+import functools
 import os
 import sys
+import warnings
 
 from keras_transformer.data.corpus import decode_lines
 from keras_transformer.data.corpus import read_lines
@@ -59,7 +61,21 @@ def _write_lines(lines, path):
             file.write(text)
 
 
+def _check_writable(path):
+    """Fails before any work if `path` cannot be written."""
+    if path in (None, "-"):
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ValueError(f"--output {path} is a directory; expected a file path.")
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"--output {path}: the directory {directory} does not exist.")
+    if not os.access(directory, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise ValueError(f"--output {path} is not writable.")
+
+
 def translate(args):
+    _check_writable(args.output)
     translator = _load_translator(args)
     _write_lines(translator.translate(_read_input(args.input)), args.output)
 
@@ -67,6 +83,7 @@ def translate(args):
 def evaluate(args):
     import sacrebleu.metrics
 
+    _check_writable(args.output)
     sources = read_lines(args.source)
     references = read_lines(args.reference)
     if len(sources) != len(references):
@@ -94,6 +111,7 @@ def evaluate(args):
 def plot_attention(args):
     from keras_transformer.decoding import plot_cross_attention
 
+    _check_writable(args.output)
     translator = _load_translator(args)
     translation = plot_cross_attention(translator, args.text, args.output, layer=args.layer)
     print(translation)
@@ -210,41 +228,67 @@ def train(args):
     )
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    # One line, without the source line that raised it.
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
 def _log(line):
     print(line, flush=True)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(
-        prog="keras-transformer", description="Train and translate with the Transformer."
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
+    import keras
 
-    command = commands.add_parser("train", help="train a translator on parallel text files")
+    from keras_transformer import __version__
+    from keras_transformer.environment import BACKENDS
+    from keras_transformer.environment import running_as_command
+
+    parser = argparse.ArgumentParser(
+        prog="keras-transformer",
+        description="Train and translate with the Transformer.",
+        epilog=f"The backend is KERAS_BACKEND ({', '.join(BACKENDS)}); now {keras.backend.backend()}.",
+    )
+    parser.add_argument(
+        "--version", action="version",
+        version=f"keras-transformer {__version__} (keras {keras.__version__}, backend {keras.backend.backend()})",
+    )
+    # Read by keras_transformer.environment before Keras starts; here so that
+    # argparse accepts it before or after the command.
+    verbose = argparse.ArgumentParser(add_help=False)
+    verbose.add_argument(
+        "--verbose", action="store_true", default=argparse.SUPPRESS,
+        help="show TensorFlow's, XLA's and SentencePiece's log lines too",
+    )
+    parser.add_argument("--verbose", action="store_true", help=verbose._actions[0].help)
+    commands = parser.add_subparsers(dest="command", required=True)
+    add_command = functools.partial(commands.add_parser, parents=[verbose])
+
+    command = add_command("train", help="train a translator on parallel text files")
     _add_train_arguments(command)
     command.set_defaults(run=train)
 
-    command = commands.add_parser("translate", help="translate lines of text")
+    command = add_command("translate", help="translate lines of text")
     _add_search_arguments(command)
     command.add_argument("--input", help="a UTF-8 text file, one sentence per line (default: stdin)")
     command.add_argument("--output", help="where to write the translations (default: stdout)")
     command.set_defaults(run=translate)
 
-    command = commands.add_parser("evaluate", help="BLEU and chrF of a test set, with sacrebleu")
+    command = add_command("evaluate", help="BLEU and chrF of a test set, with sacrebleu")
     _add_search_arguments(command)
     command.add_argument("--source", required=True, help="source sentences, one per line")
     command.add_argument("--reference", required=True, help="reference translations, aligned")
     command.add_argument("--output", help="also write the translations here")
     command.set_defaults(run=evaluate)
 
-    command = commands.add_parser("plot-attention", help="a cross-attention heatmap as PNG")
+    command = add_command("plot-attention", help="a cross-attention heatmap as PNG")
     _add_search_arguments(command)
     command.add_argument("--text", required=True, help="the sentence to translate")
     command.add_argument("--output", required=True, help="the PNG file to write")
     command.add_argument("--layer", type=int, default=-1, help="decoder block (default: the last)")
     command.set_defaults(run=plot_attention)
 
-    command = commands.add_parser("export", help="a SavedModel for TF Serving")
+    command = add_command("export", help="a SavedModel for TF Serving")
     _add_search_arguments(command)
     command.add_argument("--name", help="the model name under --base-dir (default: --model-dir's name)")
     command.add_argument(
@@ -254,6 +298,8 @@ def main(argv=None):
     command.set_defaults(run=export)
 
     args = parser.parse_args(argv)
+    if running_as_command():
+        warnings.showwarning = _show_warning
     try:
         args.run(args)
     except (ValueError, FileNotFoundError, FileExistsError, TypeError) as error:

@@ -29,12 +29,14 @@ import os
 import sys
 import time
 
-BACKENDS = ("tensorflow", "jax", "torch")
-if os.environ.get("KERAS_BACKEND", "tensorflow") not in BACKENDS:
-    sys.exit(
-        f"Unknown KERAS_BACKEND={os.environ['KERAS_BACKEND']!r}. "
-        f"Expected one of {', '.join(BACKENDS)}."
-    )
+# Quiet unless --verbose; read when keras_transformer is imported, which
+# also checks KERAS_BACKEND before Keras starts.
+if "--verbose" not in sys.argv[1:]:
+    os.environ.setdefault("KERAS_TRANSFORMER_QUIET", "1")
+try:
+    import keras_transformer  # noqa: F401
+except ImportError as error:  # an unknown backend, or one not installed
+    sys.exit(f"error: {error}")
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data", "multi30k")
 
@@ -48,6 +50,7 @@ def parse_args(argv=None):
     parser.add_argument("--train-steps", type=int, default=6000)
     parser.add_argument("--dtype", default="mixed_bfloat16", choices=["float32", "mixed_bfloat16"])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--verbose", action="store_true", help="also show TensorFlow's, XLA's and SentencePiece's log lines")
     parser.add_argument("--smoke", action="store_true", help="a few steps on a few pairs, to test the setup")
     parser.add_argument(
         "--report-only", action="store_true",

@@ -20,19 +20,50 @@ It takes a few minutes on a laptop CPU, under any backend:
 
 import argparse
 import os
+import sys
 import time
 
-import keras
-import numpy as np
-import sacrebleu.metrics
+# Quiet unless --verbose; read when keras_transformer is imported, which
+# also checks KERAS_BACKEND before Keras starts.
+if "--verbose" not in sys.argv[1:]:
+    os.environ.setdefault("KERAS_TRANSFORMER_QUIET", "1")
+try:
+    import keras_transformer as kt
+except ImportError as error:  # an unknown backend, or one not installed
+    sys.exit(f"error: {error}")
 
-import keras_transformer as kt
-from keras_transformer.data import SubwordTokenizer
-from keras_transformer.data import builtin_corpus
-from keras_transformer.data import make_dataset
-from keras_transformer.data.builtin import ADVERBS
-from keras_transformer.data.builtin import SUBORDINATORS
-from keras_transformer.decoding import Translator
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import sacrebleu.metrics  # noqa: E402
+
+from keras_transformer.data import SubwordTokenizer  # noqa: E402
+from keras_transformer.data import builtin_corpus  # noqa: E402
+from keras_transformer.data import make_dataset  # noqa: E402
+from keras_transformer.data.builtin import ADVERBS  # noqa: E402
+from keras_transformer.data.builtin import SUBORDINATORS  # noqa: E402
+from keras_transformer.decoding import Translator  # noqa: E402
+
+# Few bucket lengths: under JAX each batch shape is one compiled program,
+# and a short run spends more time compiling than padding costs it.
+BUCKET_STEP = 1.3
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--train-size", type=int, default=20000)
+    parser.add_argument("--valid-size", type=int, default=500)
+    parser.add_argument("--test-size", type=int, default=500)
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--tokens-per-batch", type=int, default=2048)
+    parser.add_argument("--vocabulary-size", type=int, default=800)
+    parser.add_argument("--model-dir", default=os.path.join("runs", "quickstart"))
+    parser.add_argument(
+        "--overwrite", action="store_true",
+        help="replace a translator that --model-dir already holds from a run under another backend",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--verbose", action="store_true", help="also show TensorFlow's, XLA's and SentencePiece's log lines")
+    return parser.parse_args(argv)
 
 
 def train(train_corpus, valid_corpus, tokenizer, epochs, tokens_per_batch):
@@ -44,11 +75,12 @@ def train(train_corpus, valid_corpus, tokenizer, epochs, tokens_per_batch):
         metrics=[kt.metrics.MaskedTokenAccuracy()],
     )
     history = model.fit(
-        make_dataset(train_corpus, tokenizer, tokens_per_batch, seed=0),
+        make_dataset(train_corpus, tokenizer, tokens_per_batch, seed=0, bucket_step=BUCKET_STEP),
         validation_data=make_dataset(
-            valid_corpus, tokenizer, tokens_per_batch, shuffle=False
+            valid_corpus, tokenizer, tokens_per_batch, shuffle=False, bucket_step=BUCKET_STEP
         ),
         epochs=epochs,
+        shuffle=False,  # make_dataset shuffles, each epoch anew
         verbose=2,
     )
     return model, history
@@ -64,20 +96,39 @@ def kind_of(english):
     return "plain (subject-verb-object)"
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--train-size", type=int, default=20000)
-    parser.add_argument("--valid-size", type=int, default=500)
-    parser.add_argument("--test-size", type=int, default=500)
-    parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--tokens-per-batch", type=int, default=2048)
-    parser.add_argument("--vocabulary-size", type=int, default=800)
-    parser.add_argument("--model-dir", default=os.path.join("runs", "quickstart"))
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+def check_model_dir(model_dir, overwrite):
+    """Refuses, before any work, to replace what the quick start did not
+    write under this backend, or to write where it cannot."""
+    marker = os.path.join(model_dir, BACKEND_FILE)
+    if os.path.isfile(marker):
+        with open(marker) as file:
+            previous = file.read().strip()
+        if previous != keras.backend.backend() and not overwrite:
+            sys.exit(
+                f"error: {model_dir} holds the quick start trained under {previous}. "
+                "Pass --overwrite to replace it, or --model-dir for a new directory."
+            )
+    elif os.path.isdir(model_dir) and os.listdir(model_dir) and not overwrite:
+        sys.exit(
+            f"error: {model_dir} holds files that the quick start did not write. "
+            "Pass --overwrite to write into it, or --model-dir for a new directory."
+        )
+    try:
+        os.makedirs(model_dir, exist_ok=True)
+    except OSError as error:
+        sys.exit(f"error: cannot create {model_dir}: {error.strerror}")
+    if not os.access(model_dir, os.W_OK):
+        sys.exit(f"error: cannot write into {model_dir}")
 
+
+BACKEND_FILE = "quickstart_backend.txt"
+
+
+def main(args):
+    backend = keras.backend.backend()
+    check_model_dir(args.model_dir, args.overwrite)
     keras.utils.set_random_seed(args.seed)
-    print(f"Backend: {keras.backend.backend()}")
+    print(f"Backend: {backend}")
     start = time.time()
     train_corpus = builtin_corpus("train", size=args.train_size, seed=args.seed)
     valid_corpus = builtin_corpus("valid", size=args.valid_size, seed=args.seed)
@@ -96,17 +147,24 @@ def main():
           f"validation token accuracy {accuracy:.1%}")
     translator = Translator(model, tokenizer, beam_size=4, alpha=0.6)
     translator.save(args.model_dir)
-    print(f"Saved the translator (model, vocabulary, search settings) in {args.model_dir}; use it with")
-    print(f"  python -m keras_transformer translate --model-dir {args.model_dir} < input.en")
+    with open(os.path.join(args.model_dir, BACKEND_FILE), "w") as file:
+        file.write(backend + "\n")
+    sources, references = list(test_corpus.sources), list(test_corpus.targets)
+    for language, lines in (("en", sources), ("de", references)):
+        with open(os.path.join(args.model_dir, f"test.{language}"), "w", encoding="utf-8") as file:
+            file.write("".join(line + "\n" for line in lines))
+    print(f"Saved the translator (model, vocabulary, search settings) and the test split "
+          f"(test.en, test.de) in {args.model_dir}; use them with")
+    print(f"  python -m keras_transformer translate --model-dir {args.model_dir} < {args.model_dir}/test.en")
     print(f"  python -m keras_transformer export --model-dir {args.model_dir}   # a SavedModel for TF Serving")
 
-    sources, references = list(test_corpus.sources), list(test_corpus.targets)
     for beam_size in (1, 4):
         search = Translator(model, tokenizer, beam_size=beam_size, alpha=0.6)
         start = time.time()
         hypotheses = search.translate(sources)
         name = "greedy search" if beam_size == 1 else "beam search (beam 4, alpha 0.6)"
-        print(f"Test set, {name}, {len(sources)} sentences in {time.time() - start:.1f}s:")
+        print(f"Test set, {name}, {len(sources)} sentences in {time.time() - start:.1f}s "
+              "(compiling the search included):")
         for metric in (sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()):
             print(f"  {metric.corpus_score(hypotheses, [references])}  ({metric.get_signature()})")
     for english, german in list(zip(sources, hypotheses))[:3]:
@@ -119,4 +177,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(parse_args())

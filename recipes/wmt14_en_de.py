@@ -18,12 +18,14 @@ import argparse
 import os
 import sys
 
-BACKENDS = ("tensorflow", "jax", "torch")
-if os.environ.get("KERAS_BACKEND", "tensorflow") not in BACKENDS:
-    sys.exit(
-        f"Unknown KERAS_BACKEND={os.environ['KERAS_BACKEND']!r}. "
-        f"Expected one of {', '.join(BACKENDS)}."
-    )
+# Quiet unless --verbose; read when keras_transformer is imported, which
+# also checks KERAS_BACKEND before Keras starts.
+if "--verbose" not in sys.argv[1:]:
+    os.environ.setdefault("KERAS_TRANSFORMER_QUIET", "1")
+try:
+    import keras_transformer  # noqa: F401
+except ImportError as error:  # an unknown backend, or one not installed
+    sys.exit(f"error: {error}")
 
 
 def parse_args(argv=None):
@@ -54,6 +56,7 @@ def parse_args(argv=None):
         help="XLA for the train step",
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--verbose", action="store_true", help="also show TensorFlow's, XLA's and SentencePiece's log lines")
     return parser.parse_args(argv)
 
 

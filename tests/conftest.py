@@ -2,6 +2,8 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+# Before Keras: the package settles how torch's threads wait.
+import keras_transformer  # noqa: E402, F401
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

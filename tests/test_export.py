@@ -188,7 +188,7 @@ def trained_for_a_few_steps(tokenizer):  # noqa: F811
     model = kt.build_transformer("tiny", vocabulary_size=tokenizer.vocabulary_size)
     kt.training.compile_model(model, warmup_steps=4)
     batches = make_dataset(builtin_corpus("train", size=64, seed=1), tokenizer, 512, repeat=True, seed=1)
-    model.fit(batches, steps_per_epoch=4, epochs=1, verbose=0)
+    model.fit(batches, steps_per_epoch=4, epochs=1, verbose=0, shuffle=False)
     return model
 
 

@@ -1,16 +1,149 @@
-"""The README's two commands are the ones CI and users run."""
+"""The README's commands and examples, run as a user runs them.
 
+The quick start runs once, with its defaults, in a fresh directory; every
+example the README shows is then run there against the model it trained,
+and must print what the README says it prints.
+"""
+
+import ast
+import os
 import pathlib
 import re
+import shlex
+import subprocess
+import sys
+
+import keras
+import pytest
+
+import keras_transformer as kt
+from keras_transformer import cli
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
 
 
 def test_ci_runs_the_readme_test_command():
-    readme = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text()
     command = re.search(r"test_command='([^']+)'", ci).group(1)
-    first_screen = readme.split("## ")[0]
+    first_screen = README.split("## ")[0]
     assert command in first_screen
     assert "python recipes/quickstart.py" in first_screen
     assert (ROOT / "recipes" / "quickstart.py").is_file()
+
+
+def code_blocks(language):
+    return re.findall(rf"```{language}\n(.*?)```", README, re.S)
+
+
+def commands_with_output(block):
+    """(command, shown output lines) pairs of a bash block: a command, with
+    its continuation lines joined, then the `# ` lines under it."""
+    pairs = []
+    for line in block.replace("\\\n", " ").splitlines():
+        if line.startswith("# ") and pairs:
+            pairs[-1][1].append(line[2:])
+        elif line.strip() and not line.startswith("#"):
+            pairs.append((line.split("   #")[0].strip(), []))
+    return pairs
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """A directory in which `python recipes/quickstart.py` has run."""
+    directory = tmp_path_factory.mktemp("user")
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "recipes" / "quickstart.py")],
+        cwd=directory, capture_output=True, text=True, timeout=1200,
+        env=dict(os.environ, KERAS_BACKEND=keras.backend.backend()),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (directory / "quickstart.log").write_text(result.stdout + result.stderr)
+    return directory
+
+
+def test_the_quick_start_trains_translates_and_scores(workdir):
+    output = (workdir / "quickstart.log").read_text()
+    assert f"Backend: {keras.backend.backend()}" in output
+    scores = [float(s) for s in re.findall(r"^  BLEU = ([\d.]+)", output, re.M)]
+    assert len(scores) == 2 and min(scores) >= 98.0, output[-3000:]
+    assert output.count("nrefs:1|case:mixed|eff:no|tok:13a") == 2
+    assert "exact translations (beam 4), subordinate clause (verb last)" in output
+    # Nothing but the quick start's own lines: no log line to learn to ignore.
+    assert not re.search(r"^[IWE]\d{4} |LOG\(INFO\)|Warning", output, re.M), output
+    translator = kt.Translator.load(workdir / "runs" / "quickstart")
+    assert (translator.beam_size, translator.alpha) == (4, 0.6)
+    assert (workdir / "runs" / "quickstart" / "test.en").is_file()
+
+
+def test_the_readme_translate_example_prints_what_it_shows(workdir):
+    pairs = [
+        (command, shown)
+        for block in code_blocks("bash")
+        for command, shown in commands_with_output(block)
+        if command.startswith("echo ") and "translate" in command
+    ]
+    assert pairs
+    for command, shown in pairs:
+        text, arguments = command.split(" | ")
+        arguments = shlex.split(arguments)
+        assert arguments[:3] == ["python", "-m", "keras_transformer"]
+        result = subprocess.run(
+            [sys.executable, *arguments[1:]], input=shlex.split(text)[1] + "\n",
+            cwd=workdir, capture_output=True, text=True, timeout=300,
+        )
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert result.stdout.splitlines() == shown
+        assert result.stderr == ""
+
+
+def test_the_readme_command_line_examples_print_what_they_show(workdir, capsys, monkeypatch):
+    monkeypatch.chdir(workdir)
+    block = next(b for b in code_blocks("bash") if "plot-attention" in b and "evaluate" in b)
+    for command, shown in commands_with_output(block):
+        arguments = shlex.split(command)
+        assert arguments[:3] == ["python", "-m", "keras_transformer"]
+        cli.main(arguments[3:])
+        printed = capsys.readouterr().out.splitlines()
+        if shown:
+            assert printed == shown
+        if arguments[3] == "evaluate":
+            bleu = float(re.search(r"BLEU = ([\d.]+)", "\n".join(printed)).group(1))
+            assert bleu >= 98.0
+    source = (workdir / "runs" / "quickstart" / "test.en").read_text().splitlines()
+    assert len((workdir / "runs" / "quickstart" / "test.out").read_text().splitlines()) == len(source)
+    assert (workdir / "runs" / "attention.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_readme_python_examples_return_what_they_show(workdir, monkeypatch):
+    monkeypatch.chdir(workdir)
+    block = next(b for b in code_blocks("python") if 'kt.Translator.load("runs/quickstart")' in b)
+    namespace = {"kt": kt}
+    for line in block.splitlines():
+        code, _, comment = line.partition("   #")
+        comment = comment.strip()
+        if comment.startswith("["):
+            assert eval(code.strip(), namespace) == ast.literal_eval(comment), line
+        elif "n_best" in code:
+            best = eval(code.strip(), namespace)[0]
+            assert len(best) == 4 and [s for _, s in best] == sorted((s for _, s in best), reverse=True)
+            assert best[0][0] == namespace["translator"].translate(["The old man sees the dog."])[0]
+        else:
+            exec(code, namespace)
+    assert namespace["greedy"].translate(["The old man sees the dog."]) == ["Der alte Mann sieht den Hund."]
+
+
+def test_the_readme_export_serves_the_curl_example(workdir, monkeypatch, capsys):
+    import json
+
+    import tensorflow as tf
+
+    monkeypatch.chdir(workdir)
+    block = next(b for b in code_blocks("bash") if "docker run" in b)
+    export = next(c for c, _ in commands_with_output(block) if "export" in c)
+    cli.main(shlex.split(export)[3:])
+    assert "saved_models/quickstart/1" in capsys.readouterr().out
+    request = json.loads(re.search(r"-d '(\{.*\})'", block).group(1))
+    served = tf.saved_model.load("saved_models/quickstart/1").signatures["serving_default"]
+    translations = served(text=tf.constant(request["instances"]))["translation"].numpy()
+    assert [t.decode() for t in translations] == kt.Translator.load("runs/quickstart").translate(request["instances"])

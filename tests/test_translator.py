@@ -159,7 +159,7 @@ def test_empty_blank_and_unknown_characters_are_translated_not_fatal(model, toke
 def test_over_long_lines_are_truncated_with_a_warning(model, tokenizer):
     translator = Translator(model, tokenizer, beam_size=2, max_extra_length=4, max_source_length=12)
     long_line = " ".join(["the old man sees the dog ."] * 6)
-    with pytest.warns(UserWarning, match=r"Line 1 has \d+ subword tokens, more than max_source_length=12"):
+    with pytest.warns(UserWarning, match=r"Line 2 \(texts\[1\]\) has \d+ subword tokens, more than max_source_length=12"):
         translations = translator.translate(["the man .", long_line])
     truncated = tokenizer.detokenize(tokenizer.tokenize(long_line)[:11]).numpy().decode()
     with warnings.catch_warnings():
@@ -283,12 +283,52 @@ def test_cli_plot_attention_writes_a_png(model_dir, tmp_path, capsys):
     assert f"Saved the cross-attention heatmap to {path}" in capsys.readouterr().out
 
 
-def test_python_dash_m_reads_stdin_and_writes_stdout(model_dir):
-    result = subprocess.run(
-        [sys.executable, "-m", "keras_transformer", "translate", "--model-dir", str(model_dir)],
-        input="the man .\n\nthe dog .\n".encode(), capture_output=True, timeout=300,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+def run_command(*args, stdin="", **environment):
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "KERAS_TRANSFORMER_QUIET")}
+    return subprocess.run(
+        [sys.executable, "-m", "keras_transformer", *map(str, args)],
+        input=stdin.encode(), capture_output=True, timeout=300, env=env | environment,
     )
+
+
+def test_python_dash_m_reads_stdin_and_writes_stdout_quietly(model_dir):
+    result = run_command("translate", "--model-dir", model_dir, stdin="the man .\n\nthe dog .\n")
     assert result.returncode == 0, result.stderr.decode()[-2000:]
     lines = result.stdout.decode("utf-8").split("\n")
     assert len(lines) == 4 and lines[1] == "" and lines[3] == ""
+    # No TensorFlow, XLA or SentencePiece log line reaches the user.
+    assert result.stderr.decode() == ""
+
+
+def test_cli_warnings_are_one_line_and_count_lines_from_one(model_dir):
+    long_line = " ".join(["the old man sees the dog ."] * 60)
+    result = run_command("translate", "--model-dir", model_dir, stdin=f"the man .\n{long_line}\n")
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    stderr = result.stderr.decode().splitlines()
+    assert len(stderr) == 1, stderr
+    assert stderr[0].startswith("warning: Line 2 (texts[1]) has ")
+    assert "max_source_length=256" in stderr[0]
+
+
+def test_cli_checks_the_output_path_before_any_work(tmp_path):
+    # The model directory does not exist either: the output is checked first.
+    for output, message in (
+        (tmp_path / "missing" / "out.de", "the directory .*missing does not exist"),
+        (tmp_path, "is a directory"),
+    ):
+        for command in (["translate"], ["plot-attention", "--text", "x"],
+                        ["evaluate", "--source", "a", "--reference", "b"]):
+            with pytest.raises(SystemExit, match=message):
+                cli.main([*command, "--model-dir", str(tmp_path / "nothing"), "--output", str(output)])
+
+
+def test_version_and_help_are_quiet():
+    import keras_transformer
+
+    result = run_command("--version")
+    assert result.returncode == 0
+    assert result.stdout.decode().startswith(f"keras-transformer {keras_transformer.__version__} (keras ")
+    assert result.stderr.decode() == ""
+    result = run_command("translate", "--help")
+    assert result.returncode == 0 and "--verbose" in result.stdout.decode()
+    assert result.stderr.decode() == ""

@@ -1,5 +1,7 @@
 """From sentence pairs to token-bucketed batches, in `tf.data`."""
 
+import warnings
+
 import numpy as np
 import tensorflow as tf
 
@@ -30,6 +32,7 @@ def make_dataset(
     repeat=False,
     seed=None,
     batch_multiple=1,
+    bucket_step=1.1,
 ):
     """Batches of sentence pairs sized by token count, for `model.fit`.
 
@@ -42,9 +45,15 @@ def make_dataset(
     shifted right), and the labels are target + EOS. Pairs are grouped by
     length into buckets; a batch of bucket b holds `tokens_per_batch // b`
     pairs, each side padded with 0 to b tokens, so a batch of padded source
-    (or target) ids never exceeds `tokens_per_batch`, and the full batches of
-    a bucket share one shape. The last batch of each bucket in an epoch is
-    smaller unless `repeat` is set.
+    (or target) ids never exceeds `tokens_per_batch`. The last, smaller batch
+    of each bucket in an epoch is filled up with rows of padding, which the
+    loss and the metrics ignore, so that every batch of a bucket has one
+    shape: XLA and `jax.jit` compile one program per bucket length.
+
+    Before batching, one pass over the corpus counts the subword tokens of
+    every pair. Pairs too long for `max_length` are left out with a warning
+    that counts them; if none is left, that is an error. Without `repeat`,
+    the dataset knows its number of batches, which `model.fit` then shows.
 
     Args:
         corpus: a `ParallelCorpus`, or any sequence of (source, target)
@@ -61,8 +70,11 @@ def make_dataset(
             resuming a run needs.
         batch_multiple: make the number of pairs in a full batch a multiple
             of this, such as the number of data-parallel replicas, which
-            must divide the batch. Use it with `repeat=True`, whose batches
-            are all full.
+            must divide the batch.
+        bucket_step: each bucket length is about this factor longer than
+            the one before (8, 9, ..., 20, 22, 24, ... at 1.1). Coarser
+            steps, such as 1.3, give fewer shapes and more padding: fewer
+            programs for `jax.jit` to compile in a short run.
 
     Returns:
         A `tf.data.Dataset` of `({"source_ids", "target_ids"}, labels)`,
@@ -76,7 +88,37 @@ def make_dataset(
             f"tokens. Received: tokens_per_batch={tokens_per_batch}, "
             f"max_length={max_length}"
         )
+    if not (isinstance(bucket_step, (int, float)) and 1.0 <= bucket_step <= 4.0):
+        raise ValueError(
+            f"`bucket_step` must be a number from 1 to 4. Received: bucket_step={bucket_step!r}"
+        )
     sources, targets = zip(*corpus)
+    lengths = bucket_lengths(max_length, step=bucket_step)
+    batch_sizes = [
+        max(batch_multiple, tokens_per_batch // length // batch_multiple * batch_multiple)
+        for length in lengths
+    ]
+    pair_lengths = _pair_lengths(sources, targets, tokenizer)
+    too_long = int((pair_lengths > max_length).sum())
+    if too_long == len(pair_lengths):
+        raise ValueError(
+            f"Every pair is longer than max_length={max_length} subword tokens "
+            f"(EOS or BOS included), so no batch can be made. The shortest "
+            f"pair has {int(pair_lengths.min())} tokens."
+        )
+    if too_long:
+        warnings.warn(
+            f"make_dataset leaves out {too_long} of {len(pair_lengths)} pairs "
+            f"({too_long / len(pair_lengths):.1%}) with a side longer than "
+            f"max_length={max_length} subword tokens.",
+            stacklevel=2,
+        )
+    # Full batches of each bucket, plus its last, padded one.
+    pairs_per_bucket = np.bincount(
+        np.searchsorted(lengths, pair_lengths[pair_lengths <= max_length]),
+        minlength=len(lengths),
+    )
+    batches_per_epoch = int(sum(-(-n // size) for n, size in zip(pairs_per_bucket, batch_sizes)))
     if repeat and shuffle and seed is not None:
         # Pass p over the data is shuffled by a stateless permutation of
         # seed (seed, p) alone. Every iterator then yields the same batches,
@@ -135,32 +177,43 @@ def make_dataset(
         return pair_length(*ids) <= max_length
 
     dataset = dataset.filter(short_enough)
-    lengths = bucket_lengths(max_length)
     dataset = dataset.bucket_by_sequence_length(
         pair_length,
         bucket_boundaries=[length + 1 for length in lengths[:-1]],
-        bucket_batch_sizes=[
-            max(batch_multiple, tokens_per_batch // length // batch_multiple * batch_multiple)
-            for length in lengths
-        ],
+        bucket_batch_sizes=batch_sizes,
     )
     padded_lengths = tf.constant(lengths, tf.int32)
+    full_batch_sizes = tf.constant(batch_sizes, tf.int32)
 
     def to_model_inputs(source_ids, target_ids, labels):
-        # Both sides are padded to the bucket's length, so every full batch
-        # of a bucket has one shape, and XLA and jax.jit compile one program
-        # per bucket (plus one for its last, smaller batch of an epoch).
+        # Both sides are padded to the bucket's length, and a bucket's last
+        # batch to its full number of rows, so that every batch of a bucket
+        # has one shape.
         longest = tf.maximum(tf.shape(source_ids)[1], tf.shape(target_ids)[1])
-        padded = tf.gather(padded_lengths, tf.searchsorted(padded_lengths, [longest]))[0]
+        bucket = tf.searchsorted(padded_lengths, [longest])[0]
+        rows = full_batch_sizes[bucket] - tf.shape(source_ids)[0]
+        columns = padded_lengths[bucket]
 
         def pad(ids):
-            return tf.pad(ids, [[0, 0], [0, padded - tf.shape(ids)[1]]])
+            return tf.pad(ids, [[0, rows], [0, columns - tf.shape(ids)[1]]])
 
         return {"source_ids": pad(source_ids), "target_ids": pad(target_ids)}, pad(labels)
 
-    return dataset.map(to_model_inputs, num_parallel_calls=tf.data.AUTOTUNE).prefetch(
-        tf.data.AUTOTUNE
-    )
+    dataset = dataset.map(to_model_inputs, num_parallel_calls=tf.data.AUTOTUNE)
+    if not repeat:
+        dataset = dataset.apply(tf.data.experimental.assert_cardinality(batches_per_epoch))
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def _pair_lengths(sources, targets, tokenizer):
+    """The longer side of each pair in subword tokens, with EOS (or BOS)."""
+    lengths = []
+    for start in range(0, len(sources), 8 * TOKENIZE_CHUNK):
+        end = start + 8 * TOKENIZE_CHUNK
+        source = tokenizer.tokenize(list(sources[start:end])).row_lengths().numpy()
+        target = tokenizer.tokenize(list(targets[start:end])).row_lengths().numpy()
+        lengths.append(np.maximum(source, target) + 1)
+    return np.concatenate(lengths)
 
 
 def batch_statistics(dataset, tokens_per_batch, max_batches=None):
@@ -179,12 +232,12 @@ def batch_statistics(dataset, tokens_per_batch, max_batches=None):
     for inputs, labels in dataset.take(max_batches or -1):
         source = inputs["source_ids"].numpy()
         target = labels.numpy()
-        rows = source.shape[0]
+        rows = int((target != 0).any(1).sum())  # rows of padding hold no pair
         real += int((source != 0).sum() + (target != 0).sum())
         padded += source.size + target.size
         pairs += rows
         batches += 1
-        if rows == tokens_per_batch // source.shape[1]:
+        if rows == source.shape[0]:
             fills.append(source.size / tokens_per_batch)
     fills = np.array(fills)
     return {

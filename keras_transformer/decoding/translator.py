@@ -151,7 +151,8 @@ class Translator:
 
     Example:
         >>> translator = Translator.load("runs/quickstart")
-        >>> translator.translate(["the old man sees the dog ."])
+        >>> translator.translate(["The old man sees the dog."])
+        ['Der alte Mann sieht den Hund.']
     """
 
     def __init__(
@@ -288,7 +289,7 @@ class Translator:
         for i, ids in zip(lines, tokenized):
             if len(ids) + 1 > self.max_source_length:
                 warnings.warn(
-                    f"Line {i} has {len(ids)} subword tokens, more than "
+                    f"Line {i + 1} (texts[{i}]) has {len(ids)} subword tokens, more than "
                     f"max_source_length={self.max_source_length} allows "
                     f"(EOS included); translating its first "
                     f"{self.max_source_length - 1} tokens only.",

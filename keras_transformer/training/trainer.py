@@ -162,6 +162,7 @@ def fit(
             validation_data=validation_data,
             callbacks=callbacks,
             verbose=verbose,
+            shuffle=False,  # the dataset shuffles itself
         )
         done = stop
     if done < train_steps:
@@ -175,5 +176,6 @@ def fit(
             validation_data=validation_data,
             callbacks=[StopAtStep(train_steps), *callbacks],
             verbose=verbose,
+            shuffle=False,  # the dataset shuffles itself
         )
     return model

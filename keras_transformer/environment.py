@@ -1,0 +1,190 @@
+"""The process the package runs in: which backend, how its threads wait, and
+how much third-party logging reaches the terminal.
+
+This module imports only the standard library, and the package runs
+`prepare()` before it imports Keras, because each of these is settled when
+Keras and its backend are first imported:
+
+- the backend: `KERAS_BACKEND` (or `~/.keras/keras.json`) must name one of
+  `BACKENDS`, and its package must be installed; otherwise the error says
+  which names are valid, or which extra to install;
+- torch's OpenMP threads wait passively (`OMP_WAIT_POLICY=PASSIVE`, unless
+  it is set). With the default busy-waiting, torch's two threads on a
+  2-core CPU spin against the `tf.data` threads that feed them, and a train
+  step of the tiny model takes 3-4 s instead of 0.2 s;
+- quiet output for the command line and the recipes: TensorFlow's, XLA's
+  and SentencePiece's C++ log lines (CUDA probes, CPU feature notices,
+  "precompiled_charsmap is empty") are filtered out of stderr. `--verbose`,
+  or `KERAS_TRANSFORMER_VERBOSE=1`, shows everything.
+
+As a library (`import keras_transformer`) the package changes neither the
+environment's log level nor stderr; only the command line
+(`keras-transformer`, `python -m keras_transformer`) and scripts that set
+`KERAS_TRANSFORMER_QUIET=1` before importing it, such as the recipes, are
+quiet.
+"""
+
+import atexit
+import importlib.util
+import json
+import os
+import re
+import sys
+import threading
+
+BACKENDS = ("tensorflow", "jax", "torch")
+
+# The pip extra that installs each backend's package.
+_BACKEND_PACKAGES = {"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}
+
+COMMAND_NAME = "keras-transformer"
+
+# One pattern per source of log lines that a user has to learn to ignore.
+NOISE = re.compile(
+    rb"|".join(
+        [
+            # absl / glog lines of TensorFlow and XLA's C++ code:
+            # "I0000 00:00:1795357024.395696    2056 cudart_stub.cc:31] ..."
+            rb"^[IWE]\d{4} [\d:.]+\s+\d+ [\w.\-]+:\d+\] ",
+            rb"^WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR",
+            # The second line of TensorFlow's CPU feature notice.
+            rb"^To enable the following instructions: .*rebuild TensorFlow with the appropriate compiler flags\.",
+            # SentencePiece's own logging, in tensorflow-text's ops:
+            # "normalizer.cc(51) LOG(INFO) precompiled_charsmap is empty. ..."
+            rb"^[\w.]+\.cc\(\d+\) LOG\(INFO\) ",
+        ]
+    )
+)
+
+
+class BackendError(ImportError):
+    """The chosen Keras backend is unknown, or its package is missing."""
+
+
+def selected_backend():
+    """The backend Keras will load: `KERAS_BACKEND`, else the config file."""
+    if os.environ.get("KERAS_BACKEND"):
+        return os.environ["KERAS_BACKEND"]
+    keras_home = os.environ.get("KERAS_HOME") or os.path.join(
+        os.path.expanduser("~"), ".keras"
+    )
+    try:
+        with open(os.path.join(keras_home, "keras.json")) as file:
+            return json.load(file).get("backend", "tensorflow")
+    except (OSError, ValueError):
+        return "tensorflow"
+
+
+def check_backend(backend=None):
+    """Raises `BackendError` unless `backend` is usable here.
+
+    Returns:
+        the backend's name.
+    """
+    backend = backend if backend is not None else selected_backend()
+    if backend not in BACKENDS:
+        raise BackendError(
+            f"Unknown Keras backend {backend!r} (from KERAS_BACKEND or "
+            f"keras.json). Expected one of: {', '.join(BACKENDS)}."
+        )
+    package = _BACKEND_PACKAGES[backend]
+    if importlib.util.find_spec(package) is None:
+        raise BackendError(
+            f"KERAS_BACKEND={backend} needs the {package!r} package, which is "
+            f"not installed. Install it with the package's extra: "
+            f'pip install "keras-transformer[{backend}]" (or, in a clone, '
+            f'pip install -e ".[{backend}]").'
+        )
+    return backend
+
+
+def running_as_command():
+    """True in `keras-transformer ...` and `python -m keras_transformer ...`."""
+    if os.path.basename(sys.argv[0]) == COMMAND_NAME:
+        return True
+    arguments = list(getattr(sys, "orig_argv", []))
+    for index, argument in enumerate(arguments[:-1]):
+        if argument == "-m":
+            return arguments[index + 1] == "keras_transformer"
+    return False
+
+
+def verbose_requested():
+    if os.environ.get("KERAS_TRANSFORMER_VERBOSE", "") not in ("", "0"):
+        return True
+    return running_as_command() and "--verbose" in sys.argv[1:]
+
+
+def prepare():
+    """Settles the backend, torch's threads and the log output.
+
+    Called by `keras_transformer/__init__.py` before Keras is imported. A
+    bad backend raises `BackendError`; on the command line it prints one
+    `error:` line and exits with status 2 instead.
+    """
+    try:
+        backend = check_backend()
+    except BackendError as error:
+        if running_as_command():
+            print(f"error: {error}", file=sys.stderr)
+            raise SystemExit(2) from None
+        raise
+    set_thread_policy(backend)
+    quiet = running_as_command() or os.environ.get("KERAS_TRANSFORMER_QUIET", "") not in ("", "0")
+    if quiet and not verbose_requested():
+        quiet_third_party_logs()
+
+
+def set_thread_policy(backend):
+    """Makes torch's OpenMP threads sleep, not spin, while they wait."""
+    if backend == "torch" and "torch" not in sys.modules:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+_filter = None
+
+
+def quiet_third_party_logs():
+    """Filters the `NOISE` lines out of file descriptor 2, for this process
+    and the processes it starts; every other line passes unchanged."""
+    global _filter
+    if _filter is None:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+        _filter = _StderrFilter()
+
+
+class _StderrFilter:
+    """Points file descriptor 2 at a pipe, and copies the lines that are not
+    noise from the pipe to the real stderr in a thread."""
+
+    def __init__(self):
+        sys.stderr.flush()
+        self.real_stderr = os.dup(2)
+        read_end, write_end = os.pipe()
+        os.dup2(write_end, 2)
+        os.close(write_end)
+        self.thread = threading.Thread(
+            target=self._copy, args=(read_end,), name="stderr-filter", daemon=True
+        )
+        self.thread.start()
+        atexit.register(self.close)
+
+    def _copy(self, read_end):
+        pending = b""
+        while chunk := os.read(read_end, 1 << 16):
+            *lines, pending = (pending + chunk).split(b"\n")
+            kept = b"".join(line + b"\n" for line in lines if not NOISE.match(line))
+            if kept:
+                os.write(self.real_stderr, kept)
+        if pending and not NOISE.match(pending):
+            os.write(self.real_stderr, pending)
+        os.close(read_end)
+
+    def close(self):
+        """Gives fd 2 back to the real stderr and lets the copier finish."""
+        try:
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        os.dup2(self.real_stderr, 2)  # closes the pipe's last write end here
+        self.thread.join(timeout=5)
