@@ -94,6 +94,7 @@ def configuration(args):
         config.average = 2
         config.warmup_steps = 10
         config.valid_bleu_sentences = 8
+        config.valid_pairs = 16  # few validation shapes for jax.jit to compile
         config.log_every = 2
     return config
 
