@@ -255,12 +255,10 @@ def main(argv=None):
     )
     # Read by keras_transformer.environment before Keras starts; here so that
     # argparse accepts it before or after the command.
+    verbose_help = "show TensorFlow's, XLA's and SentencePiece's log lines too"
     verbose = argparse.ArgumentParser(add_help=False)
-    verbose.add_argument(
-        "--verbose", action="store_true", default=argparse.SUPPRESS,
-        help="show TensorFlow's, XLA's and SentencePiece's log lines too",
-    )
-    parser.add_argument("--verbose", action="store_true", help=verbose._actions[0].help)
+    verbose.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS, help=verbose_help)
+    parser.add_argument("--verbose", action="store_true", help=verbose_help)
     commands = parser.add_subparsers(dest="command", required=True)
     add_command = functools.partial(commands.add_parser, parents=[verbose])
 

@@ -34,9 +34,6 @@ import threading
 
 BACKENDS = ("tensorflow", "jax", "torch")
 
-# The pip extra that installs each backend's package.
-_BACKEND_PACKAGES = {"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}
-
 COMMAND_NAME = "keras-transformer"
 
 # One pattern per source of log lines that a user has to learn to ignore.
@@ -87,7 +84,9 @@ def check_backend(backend=None):
             f"Unknown Keras backend {backend!r} (from KERAS_BACKEND or "
             f"keras.json). Expected one of: {', '.join(BACKENDS)}."
         )
-    package = _BACKEND_PACKAGES[backend]
+    # Each backend's package, and the pip extra that installs it, is named
+    # as the backend is.
+    package = backend
     if importlib.util.find_spec(package) is None:
         raise BackendError(
             f"KERAS_BACKEND={backend} needs the {package!r} package, which is "
