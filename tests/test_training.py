@@ -123,6 +123,32 @@ def test_fit_stops_at_exactly_train_steps_with_a_last_checkpoint(tmp_path):
     assert int(to_numpy(model.optimizer.iterations)) == 12
 
 
+def test_validation_bleu_after_a_resume_translates_with_the_restored_model(tmp_path):
+    def new_model():
+        return training.compile_model(kt.build_transformer("tiny", vocabulary_size=16, num_layers=1), warmup_steps=5)
+
+    translated_with = []
+
+    class RecordingTranslator:
+        def __init__(self, model, tokenizer, **config):
+            self.model, self.tokenizer, self.config = model, tokenizer, config
+
+        def get_config(self):
+            return self.config
+
+        def translate(self, sources):
+            translated_with.append(self.model)
+            return ["ein Satz"] * len(sources)
+
+    training.fit(new_model(), reversal_batches(), tmp_path, 5, checkpoint_every=5, verbose=0)
+    fresh = new_model()  # as a resumed run builds it, before `fit` restores the checkpoint
+    callback = training.ValidationBLEU(RecordingTranslator(fresh, None, beam_size=1), ["a"], ["ein Satz"], log=lambda _: None)
+    trained = training.fit(fresh, reversal_batches(), tmp_path, 10, checkpoint_every=5, callbacks=[callback], verbose=0)
+    assert trained is not fresh
+    assert translated_with and all(model is trained for model in translated_with)
+    assert callback.translator.config == {"beam_size": 1}
+
+
 def test_averaged_weights_are_the_element_wise_mean(tmp_path):
     model = kt.build_transformer("tiny", vocabulary_size=20, num_layers=1)
     paths, snapshots = [], []

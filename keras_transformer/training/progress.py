@@ -100,7 +100,9 @@ class ValidationBLEU(keras.callbacks.Callback):
 
     Args:
         translator: a `Translator` of the model being trained (greedy is
-            cheapest); it is reused, so its search is compiled once.
+            cheapest); it is reused, so its search is compiled once. When
+            `fit` resumes from a checkpoint, it is rebuilt around the
+            restored model.
         sources: validation source sentences.
         references: their reference translations.
         history_path: the JSON-lines file of the training curve, or None.
@@ -133,6 +135,13 @@ class ValidationBLEU(keras.callbacks.Callback):
             if key in logs:
                 record[key] = float(logs[key])
         if self.sources:
+            if self.translator.model is not self.model:
+                # `fit` resumed from a checkpoint, which is a new model
+                # object: translate with the model being trained, not with
+                # the one the translator was given before the restore.
+                self.translator = type(self.translator)(
+                    self.model, self.translator.tokenizer, **self.translator.get_config()
+                )
             start = time.time()
             hypotheses = self.translator.translate(self.sources)
             bleu = sacrebleu.metrics.BLEU().corpus_score(hypotheses, [self.references])
