@@ -48,14 +48,21 @@ from keras_transformer.decoding import Translator  # noqa: E402
 BUCKET_STEP = 1.3
 
 
+def positive(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer; received {text}")
+    return value
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--train-size", type=int, default=20000)
-    parser.add_argument("--valid-size", type=int, default=500)
-    parser.add_argument("--test-size", type=int, default=500)
-    parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--tokens-per-batch", type=int, default=2048)
-    parser.add_argument("--vocabulary-size", type=int, default=800)
+    parser.add_argument("--train-size", type=positive, default=20000)
+    parser.add_argument("--valid-size", type=positive, default=500)
+    parser.add_argument("--test-size", type=positive, default=500)
+    parser.add_argument("--epochs", type=positive, default=10)
+    parser.add_argument("--tokens-per-batch", type=positive, default=2048)
+    parser.add_argument("--vocabulary-size", type=positive, default=800)
     parser.add_argument("--model-dir", default=os.path.join("runs", "quickstart"))
     parser.add_argument(
         "--overwrite", action="store_true",
@@ -137,7 +144,10 @@ def main(args):
     for english, german in train_corpus[:2]:
         print(f"  {english}  ->  {german}")
 
-    tokenizer = SubwordTokenizer.train(train_corpus, args.vocabulary_size)
+    try:
+        tokenizer = SubwordTokenizer.train(train_corpus, args.vocabulary_size)
+    except ValueError as error:  # a vocabulary size this corpus cannot give
+        sys.exit(f"error: {error}")
     print(f"Shared subword vocabulary: {tokenizer.vocabulary_size} tokens")
     model, history = train(
         train_corpus, valid_corpus, tokenizer, args.epochs, args.tokens_per_batch

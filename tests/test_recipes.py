@@ -1,5 +1,6 @@
-"""The WMT14 recipe runs offline, resumes, and reports bad input. (The quick
-start runs in test_readme.py, with the README's examples.)"""
+"""The WMT14 recipe runs offline, guards its model directory, and reports
+bad input. (The quick start runs in test_readme.py, with the README's
+examples.)"""
 
 import os
 import subprocess
@@ -28,7 +29,7 @@ def run_wmt14(*args, backend=None):
 
 
 @needs_wmt14
-def test_wmt14_recipe_runs_offline_and_resumes(tmp_path):
+def test_wmt14_recipe_runs_offline_and_refuses_a_used_model_dir(tmp_path):
     common = [
         "--data-dir", WMT14, "--preset", "tiny", "--tokens-per-batch", "2048",
         "--vocabulary-size", "2000", "--checkpoint-every", "2", "--average", "2",
@@ -41,15 +42,11 @@ def test_wmt14_recipe_runs_offline_and_resumes(tmp_path):
     assert (tmp_path / "run" / "train_config.json").is_file()
     translator = kt.Translator.load(tmp_path / "run")
     assert translator.tokenizer.vocabulary_size == 2000
-    # The same model dir is refused without --resume ...
+    # The same model dir is refused without --resume. (Resuming is the
+    # `train` command's code, tested after kill -9 in test_train_command.py.)
     refused = run_wmt14(*common, "--train-steps", "4")
     assert refused.returncode != 0
     assert "already holds a run" in refused.stderr and "--resume" in refused.stderr
-    # ... and continued with it, from step 2 to step 4.
-    resumed = run_wmt14(*common, "--train-steps", "4", "--resume")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    steps = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
-    assert steps == ["ckpt-00000002.keras", "ckpt-00000004.keras"]
 
 
 def test_wmt14_recipe_reports_bad_input(tmp_path):
@@ -63,3 +60,15 @@ def test_wmt14_recipe_reports_bad_input(tmp_path):
     no_files = run_wmt14("--data-dir", tmp_path / "data", "--model-dir", tmp_path / "b")
     assert no_files.returncode != 0
     assert "lacks WMT14 files" in no_files.stderr and "Missing: newstest2008.en[.gz]" in no_files.stderr
+
+
+def test_quickstart_reports_a_vocabulary_its_corpus_cannot_give_in_one_line(tmp_path):
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "recipes", "quickstart.py"), "--train-size", "50",
+         "--vocabulary-size", "40"],
+        cwd=tmp_path, env=dict(os.environ, KERAS_BACKEND=keras.backend.backend()),
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: SentencePiece could not train a vocabulary of 40"), result.stderr[-2000:]

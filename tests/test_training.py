@@ -1,9 +1,7 @@
 import os
-import signal
 import socket
 import subprocess
 import sys
-import time
 
 import keras
 import numpy as np
@@ -68,34 +66,6 @@ def test_a_nan_loss_stops_training_and_names_the_step(tmp_path):
     with pytest.raises(FloatingPointError, match=r"became nan at step 5\b"):
         model.fit(inputs, labels, batch_size=16, epochs=1, verbose=0,
                   callbacks=[training.StopOnNonFiniteLoss()])
-
-
-def test_run_killed_with_sigkill_resumes_and_matches_an_uninterrupted_run(tmp_path):
-    steps, every = 60, 10
-    uninterrupted = run(tmp_path / "a", steps, every, tmp_path / "a.npz")
-    process = run(tmp_path / "b", steps, every, tmp_path / "b.npz", "--step-delay", "0.05", wait=False)
-    second_checkpoint = tmp_path / "b" / "checkpoints" / "ckpt-00000020.keras"
-    deadline = time.time() + 300
-    while not second_checkpoint.exists() and time.time() < deadline and process.poll() is None:
-        time.sleep(0.02)
-    assert second_checkpoint.exists(), process.communicate()[1][-3000:]
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    assert process.returncode == -signal.SIGKILL
-    assert not (tmp_path / "b.npz").exists()  # it died before the end
-    done = max(training.checkpoints.checkpoint_step(p) for p in training.list_checkpoints(tmp_path / "b" / "checkpoints"))
-    assert every <= done < steps
-    resumed = run(tmp_path / "b", steps, every, tmp_path / "b.npz")
-    # The restart trained only the steps after the last checkpoint ...
-    assert len(resumed["losses"]) == steps - done
-    assert int(resumed["step"]) == int(uninterrupted["step"]) == steps
-    # ... on the same batches, with the same optimizer state and schedule.
-    np.testing.assert_allclose(resumed["losses"], uninterrupted["losses"][done:], rtol=1e-5)
-    for got, want in zip(weights(resumed), weights(uninterrupted)):
-        np.testing.assert_allclose(got, want, atol=1e-6)
-    # Only the newest checkpoints are kept.
-    kept = training.list_checkpoints(tmp_path / "a" / "checkpoints")
-    assert [training.checkpoints.checkpoint_step(p) for p in kept] == [20, 30, 40, 50, 60]
 
 
 def reversal_batches():

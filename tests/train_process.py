@@ -1,11 +1,11 @@
-"""A training run in its own process, for the crash and distribution tests.
+"""A training run in its own process, for the distribution tests.
 
     python tests/train_process.py MODEL_DIR STEPS CHECKPOINT_EVERY WEIGHTS.npz
-        [--step-delay SECONDS] [--devices N]
+        [--devices N]
 
 Trains the tiny model on the reversal task with `keras_transformer.training`
 on a deterministic dataset, then writes the final weights and the per-step
-losses. `--step-delay` slows each step so a test can kill the run midway.
+losses.
 `--devices N` replicates over N devices (TensorFlow logical CPU devices, or
 JAX host devices when XLA_FLAGS asks for them). `--fixed-length` gives every
 sequence the same length, so every replica holds as many tokens.
@@ -16,7 +16,6 @@ MultiWorkerMirroredStrategy cluster on 127.0.0.1.
 import argparse
 import json
 import os
-import time
 
 import keras
 import numpy as np
@@ -27,7 +26,6 @@ parser.add_argument("model_dir")
 parser.add_argument("steps", type=int)
 parser.add_argument("checkpoint_every", type=int)
 parser.add_argument("output")
-parser.add_argument("--step-delay", type=float, default=0.0)
 parser.add_argument("--devices", type=int, default=1)
 parser.add_argument("--fixed-length", action="store_true")
 parser.add_argument("--worker", type=int, help="this worker's index")
@@ -76,7 +74,6 @@ class Record(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         self.losses.append(float(logs["loss"]))
-        time.sleep(args.step_delay)
 
 
 model = kt.training.fit(
