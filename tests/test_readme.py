@@ -7,6 +7,7 @@ what the README says it prints.
 """
 
 import ast
+import fcntl
 import hashlib
 import importlib.metadata
 import os
@@ -75,31 +76,38 @@ def workdir(tmp_path_factory, request):
     """A directory in which `python recipes/quickstart.py` has run.
 
     The run takes minutes, so its result is kept in pytest's cache, keyed by
-    the package's code and versions: CI's three backend passes train it once,
-    in the first pass, and the later passes run every example under their
-    own backend on that model (a `.keras` model loads under any backend).
+    the package's code and versions: of CI's three backend passes, which run
+    side by side, the first to get here trains it while the others wait for
+    it, and every pass then runs every example under its own backend on that
+    model (a `.keras` model loads under any backend).
     `test_the_quick_start_runs_under_this_backend` runs the quick start
     itself under each backend.
     """
     directory = tmp_path_factory.mktemp("user")
     cache = getattr(request.config, "cache", None)
-    saved = cache.mkdir(f"quickstart-{quickstart_key()}") if cache is not None else None
-    if saved is not None and (saved / "done").is_file():
-        shutil.copytree(saved, directory, dirs_exist_ok=True)
-        return directory
+    if cache is None:  # pytest -p no:cacheprovider
+        return train_quickstart(directory)
+    saved = cache.mkdir(f"quickstart-{quickstart_key()}")
+    with open(saved.with_name(saved.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+        if not (saved / "done").is_file():
+            train_quickstart(directory)
+            # Written aside and renamed over the empty entry in one step, so
+            # that a pass killed mid-copy leaves no half entry behind.
+            staging = saved.with_name(f"{saved.name}.partial-{os.getpid()}")
+            shutil.copytree(directory, staging)
+            (staging / "done").write_text(keras.backend.backend() + "\n")
+            shutil.rmtree(saved)
+            staging.rename(saved)
+            return directory
+    shutil.copytree(saved, directory, dirs_exist_ok=True)
+    return directory
+
+
+def train_quickstart(directory):
     result = run_quickstart(directory)
     assert result.returncode == 0, result.stderr[-3000:]
     (directory / "quickstart.log").write_text(result.stdout + result.stderr)
-    if saved is not None:
-        # Written aside, then renamed over the empty cache entry in one step;
-        # where another pass got there first, its copy stays.
-        staging = saved.with_name(f"{saved.name}.partial-{os.getpid()}")
-        shutil.copytree(directory, staging)
-        (staging / "done").write_text(keras.backend.backend() + "\n")
-        try:
-            staging.rename(saved)
-        except OSError:
-            shutil.rmtree(staging)
     return directory
 
 
