@@ -104,6 +104,21 @@ def prepare(args):
     print(f"wrote {args.bundle}/{BATCH_FILE} ({size:.1f} MiB) and {CONFIG_FILE}")
 
 
+def read_settings(bundle):
+    with open(os.path.join(bundle, CONFIG_FILE)) as file:
+        return json.load(file)
+
+
+def build_model(settings):
+    """The recipe's model, uncompiled, as `prepare` recorded it."""
+    from keras_transformer.models import build_transformer
+
+    return build_transformer(
+        settings["preset"], **settings["architecture"],
+        dtype=None if settings["dtype"] == "float32" else settings["dtype"],
+    )
+
+
 def import_without_tensorflow():
     """Makes `keras_transformer.models` and `keras_transformer.training.*`
     importable without running the package's `__init__`, which imports the
@@ -119,14 +134,12 @@ def train(args):
     import numpy as np
 
     import_without_tensorflow()
-    from keras_transformer.models import build_transformer
     from keras_transformer.training.checkpoints import SaveCheckpoints
     from keras_transformer.training.checkpoints import average_checkpoints
     from keras_transformer.training.checkpoints import list_checkpoints
     from keras_transformer.training.trainer import compile_model
 
-    with open(os.path.join(args.bundle, CONFIG_FILE)) as file:
-        settings = json.load(file)
+    settings = read_settings(args.bundle)
     stored = np.load(os.path.join(args.bundle, BATCH_FILE))
 
     def batches(name):
@@ -183,14 +196,7 @@ def train(args):
             print(json.dumps(row), flush=True)
 
     keras.utils.set_random_seed(settings["seed"])
-
-    def new_model():
-        return build_transformer(
-            settings["preset"], **settings["architecture"],
-            dtype=None if settings["dtype"] == "float32" else settings["dtype"],
-        )
-
-    model = new_model()
+    model = build_model(settings)
     compile_model(model, warmup_steps=settings["warmup_steps"], label_smoothing=settings["label_smoothing"])
     work = os.path.join("/tmp", "multi30k_gpu")
     checkpoint_dir = os.path.join(work, "checkpoints")
@@ -206,11 +212,11 @@ def train(args):
     )
     wall = time.time() - started
     kept = list_checkpoints(checkpoint_dir)[-settings["average"]:]
-    last = keras.saving.load_model(kept[-1])
     os.makedirs(args.out, exist_ok=True)
-    for name, model_out in (("last", last), ("average", average_checkpoints(kept))):
+    # Training ends on a checkpoint, so `model` holds the last one's weights.
+    for name, model_out in (("last", model), ("average", average_checkpoints(kept))):
         path = os.path.join(work, f"{name}.weights.h5")  # without the optimizer's state
-        bare = new_model()  # no optimizer, whose state would triple the size
+        bare = build_model(settings)  # no optimizer, whose state would triple the size
         bare.set_weights(model_out.get_weights())
         bare.save_weights(path)
         split_file(path, os.path.join(args.out, name))
@@ -291,19 +297,14 @@ def finish(args):
     from keras_transformer.data import SubwordTokenizer
     from keras_transformer.data import read_parallel_text
     from keras_transformer.decoding import Translator
-    from keras_transformer.models import build_transformer
 
     recipe, config = recipe_config(args)
     with open(os.path.join(args.source, "gpu_run.json")) as file:
         summary = json.load(file)
-    with open(os.path.join(args.bundle, CONFIG_FILE)) as file:
-        settings = json.load(file)
+    settings = read_settings(args.bundle)
 
     def trained_model(name):
-        model = build_transformer(
-            settings["preset"], **settings["architecture"],
-            dtype=None if settings["dtype"] == "float32" else settings["dtype"],
-        )
+        model = build_model(settings)
         path = os.path.join(config.model_dir, f"{name}.weights.h5")
         join_pieces(os.path.join(args.source, name), path)
         model.load_weights(path)
