@@ -45,7 +45,7 @@ from keras_transformer.decoding import Translator  # noqa: E402
 
 # Few bucket lengths: under JAX each batch shape is one compiled program,
 # and a short run spends more time compiling than padding costs it.
-BUCKET_STEP = 1.3
+BUCKET_STEP = 1.4
 
 
 def positive(text):
@@ -60,7 +60,7 @@ def parse_args(argv=None):
     parser.add_argument("--train-size", type=positive, default=20000)
     parser.add_argument("--valid-size", type=positive, default=500)
     parser.add_argument("--test-size", type=positive, default=500)
-    parser.add_argument("--epochs", type=positive, default=10)
+    parser.add_argument("--epochs", type=positive, default=5)
     parser.add_argument("--tokens-per-batch", type=positive, default=2048)
     parser.add_argument("--vocabulary-size", type=positive, default=800)
     parser.add_argument("--model-dir", default=os.path.join("runs", "quickstart"))
@@ -74,10 +74,22 @@ def parse_args(argv=None):
 
 
 def train(train_corpus, valid_corpus, tokenizer, epochs, tokens_per_batch):
-    """Builds the tiny preset and fits it with the paper's optimizer and loss."""
-    model = kt.build_transformer("tiny", vocabulary_size=tokenizer.vocabulary_size)
+    """Builds the tiny preset and fits it with the paper's optimizer and loss.
+
+    Two changes from the paper's training suit a tiny model on a generated
+    corpus, where every sentence follows the grammar and nothing is noise:
+    no dropout, and the weights' moving average (Polyak averaging, decay
+    0.99) in place of averaging the last checkpoints. At the end of `fit`
+    the model takes the averaged weights. With a warmup of 200 steps, five
+    epochs then reach the BLEU that ten epochs reached without them.
+    """
+    model = kt.build_transformer(
+        "tiny", vocabulary_size=tokenizer.vocabulary_size, dropout=0.0
+    )
     model.compile(
-        optimizer=kt.optimizers.transformer_adam(model.d_model, warmup_steps=400),
+        optimizer=kt.optimizers.transformer_adam(
+            model.d_model, warmup_steps=200, use_ema=True, ema_momentum=0.99
+        ),
         loss=kt.losses.LabelSmoothedCrossEntropy(label_smoothing=0.1),
         metrics=[kt.metrics.MaskedTokenAccuracy()],
     )
