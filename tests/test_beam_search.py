@@ -231,8 +231,9 @@ def test_the_state_is_reordered_with_the_beams():
 def test_bad_arguments_are_rejected():
     with pytest.raises(ValueError, match="beam_size must be at least 1. Received: beam_size=0"):
         search(LENGTH_PENALTY_TABLE, beam_size=0, alpha=0.6, max_length=4)
-    with pytest.raises(ValueError, match="alpha must be >= 0"):
-        search(LENGTH_PENALTY_TABLE, beam_size=2, alpha=-1.0, max_length=4)
+    for alpha in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=f"alpha must be a finite number >= 0.*Received: alpha={alpha}"):
+            search(LENGTH_PENALTY_TABLE, beam_size=2, alpha=alpha, max_length=4)
 
 
 class eager_loops:

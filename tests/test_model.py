@@ -148,6 +148,26 @@ def test_unknown_override_is_rejected():
         kt.build_transformer("tiny", num_layer=3)
 
 
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ({"num_layers": 0}, "num_layers must be an integer >= 1. Received: num_layers=0"),
+        ({"d_model": 0}, "d_model must be an integer >= 1. Received: d_model=0"),
+        ({"d_ff": -8}, "d_ff must be an integer >= 1. Received: d_ff=-8"),
+        ({"num_heads": 2.5}, "num_heads must be an integer >= 1. Received: num_heads=2.5"),
+        ({"vocabulary_size": 0}, "vocabulary_size must be an integer >= 1. Received: vocabulary_size=0"),
+        ({"dropout": float("nan")}, r"dropout must be a number in \[0, 1\). Received: dropout=nan"),
+        ({"dropout": 1.0}, r"dropout must be a number in \[0, 1\). Received: dropout=1.0"),
+        ({"attention_dropout": -0.1}, r"attention_dropout must be a number in \[0, 1\). Received: attention_dropout=-0.1"),
+        ({"layer_norm_epsilon": 0.0}, "layer_norm_epsilon must be a positive finite number. Received: layer_norm_epsilon=0.0"),
+        ({"layer_norm_epsilon": float("inf")}, "layer_norm_epsilon must be a positive finite number. Received: layer_norm_epsilon=inf"),
+    ],
+)
+def test_sizes_and_rates_outside_their_range_are_rejected(override, message):
+    with pytest.raises(ValueError, match=message):
+        kt.build_transformer("tiny", **override)
+
+
 def test_d_model_not_divisible_by_heads_is_rejected():
     with pytest.raises(ValueError, match=r"d_model=64, num_heads=5"):
         kt.build_transformer("tiny", num_heads=5)

@@ -177,6 +177,9 @@ def test_bad_inputs_get_clear_errors(model, tokenizer):
         translator.translate([b"\xff\xfe"])
     with pytest.raises(ValueError, match="beam_size must be an integer >= 1. Received: beam_size=0"):
         Translator(model, tokenizer, beam_size=0)
+    for alpha in (-0.5, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=f"alpha must be a finite number >= 0. Received: alpha={alpha}"):
+            Translator(model, tokenizer, alpha=alpha)
     small = SubwordTokenizer.train(builtin_corpus("train", size=100, seed=1), 350)
     with pytest.raises(ValueError, match="disagree on the vocabulary"):
         Translator(model, small)
@@ -274,6 +277,9 @@ def test_cli_reports_bad_files(model_dir, tmp_path):
         cli.main(["translate", "--model-dir", str(model_dir), "--input", str(tmp_path / "bad.en")])
     with pytest.raises(SystemExit, match="No model.keras in"):
         cli.main(["translate", "--model-dir", str(tmp_path / "missing")])
+    for value in ("nan", "inf", "-1"):
+        with pytest.raises(SystemExit, match=f"error: alpha must be a finite number >= 0. Received: alpha={value}"):
+            cli.main(["translate", "--model-dir", str(model_dir), "--alpha", value])
 
 
 def test_cli_plot_attention_writes_a_png(model_dir, tmp_path, capsys):

@@ -12,6 +12,8 @@ The search is a pure function over explicit loop state, written with
 under `tf.function`, XLA and `jax.jit`, and eagerly under torch.
 """
 
+import math
+
 import keras
 from keras import ops
 
@@ -85,10 +87,10 @@ def beam_search(
     """
     if beam_size < 1:
         raise ValueError(f"beam_size must be at least 1. Received: beam_size={beam_size}")
-    if alpha < 0:
+    if not alpha >= 0 or alpha == math.inf:  # NaN fails every comparison
         raise ValueError(
-            "alpha must be >= 0: early stopping relies on lp growing with "
-            f"length. Received: alpha={alpha}"
+            "alpha must be a finite number >= 0: early stopping relies on lp "
+            f"growing with length. Received: alpha={alpha}"
         )
     initial_ids = ops.cast(initial_ids, "int32")
     batch_size = ops.shape(initial_ids)[0]

@@ -1,6 +1,8 @@
 """Translation: a tokenizer, a trained Transformer and a search, together."""
 
 import json
+import math
+import numbers
 import os
 import warnings
 
@@ -176,8 +178,17 @@ class Translator:
                 raise ValueError(
                     f"{name} must be an integer >= {least}. Received: {name}={value!r}"
                 )
-        if alpha < 0:
-            raise ValueError(f"alpha must be >= 0. Received: alpha={alpha}")
+        if (
+            not isinstance(alpha, numbers.Real)
+            or isinstance(alpha, bool)
+            or not math.isfinite(alpha)
+            or alpha < 0
+        ):
+            # NaN would pass `alpha < 0` and make every hypothesis's score
+            # NaN, so that no search ever ends before its maximum length.
+            raise ValueError(
+                f"alpha must be a finite number >= 0. Received: alpha={alpha!r}"
+            )
         if tokenizer.vocabulary_size != model.vocabulary_size:
             raise ValueError(
                 "The tokenizer and the model disagree on the vocabulary: "

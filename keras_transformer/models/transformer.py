@@ -1,6 +1,8 @@
 """The encoder-decoder Transformer of section 3, as a Functional model."""
 
 import inspect
+import math
+import numbers
 
 import keras
 from keras import ops
@@ -69,6 +71,16 @@ class Transformer(keras.Model):
         dtype=None,
         **kwargs,
     ):
+        _check_arguments(
+            vocabulary_size=vocabulary_size,
+            num_layers=num_layers,
+            d_model=d_model,
+            d_ff=d_ff,
+            num_heads=num_heads,
+            dropout=dropout,
+            attention_dropout=attention_dropout,
+            layer_norm_epsilon=layer_norm_epsilon,
+        )
         if d_model % num_heads != 0:
             raise ValueError(
                 "d_model must be divisible by num_heads, so that every head "
@@ -343,6 +355,26 @@ class Transformer(keras.Model):
         if isinstance(config.get("dtype"), dict):
             config["dtype"] = keras.dtype_policies.deserialize(config["dtype"])
         return cls(**config)
+
+
+def _check_arguments(dropout, attention_dropout, layer_norm_epsilon, **sizes):
+    """Rejects, with name, value and range, what would build a broken model:
+    a stack of no blocks, a zero-width embedding, a dropout of NaN."""
+    for name, value in sizes.items():
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1. Received: {name}={value!r}")
+    for name, value in (("dropout", dropout), ("attention_dropout", attention_dropout)):
+        if not _is_real(value) or not 0 <= value < 1:
+            raise ValueError(f"{name} must be a number in [0, 1). Received: {name}={value!r}")
+    if not _is_real(layer_norm_epsilon) or not 0 < layer_norm_epsilon < math.inf:
+        raise ValueError(
+            "layer_norm_epsilon must be a positive finite number. "
+            f"Received: layer_norm_epsilon={layer_norm_epsilon!r}"
+        )
+
+
+def _is_real(value):
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and not math.isnan(value)
 
 
 def build_transformer(preset="base", **overrides):
