@@ -90,6 +90,21 @@ def test_too_large_a_vocabulary_or_no_text_is_reported():
 
 
 @needs_multi30k
+@pytest.mark.parametrize(
+    "texts, message",
+    [
+        ("a whole text in one string", r"Received a single str of length 26; wrap it in a list"),
+        (["a sentence", 5], r"`texts\[1\]` must be a sentence \(str\) or a pair of sentences. Received: int 5"),
+        ([("a source", None)], r"`texts\[0\]` must be a sentence .* Received: NoneType None"),
+        ([b"bytes"], r"`texts\[0\]` must be a sentence .* Received: bytes b'bytes'"),
+    ],
+)
+def test_texts_of_the_wrong_type_are_reported_not_trained_on(texts, message):
+    # A string is an iterable of characters, and trained on them without a word.
+    with pytest.raises(TypeError, match=message):
+        SubwordTokenizer.train(texts, 300)
+
+
 def test_multi30k_vocabulary_round_trips_every_line():
     corpus = read_parallel_text(
         os.path.join(MULTI30K, "train.en"), os.path.join(MULTI30K, "train.de")

@@ -12,6 +12,19 @@ MODEL_FILE = "subword.model"
 CONFIG_FILE = "subword.json"
 
 
+def _pair(item, index):
+    """The sides of a (source, target) pair, or a clear error."""
+    try:
+        if isinstance(item, (bytes, bytearray)):  # iterates as ints
+            raise TypeError
+        return tuple(item)
+    except TypeError:
+        raise TypeError(
+            f"`texts[{index}]` must be a sentence (str) or a pair of "
+            f"sentences. Received: {type(item).__name__} {item!r:.60}"
+        ) from None
+
+
 class SubwordTokenizer:
     """Byte-pair encoding shared by both languages, on TensorFlow graph ops.
 
@@ -92,12 +105,24 @@ class SubwordTokenizer:
         Returns:
             A `SubwordTokenizer`.
         """
-        sentences = [
-            sentence
-            for item in texts
-            for sentence in ((item,) if isinstance(item, str) else item)
-            if sentence.strip()
-        ]
+        if isinstance(texts, (str, bytes)):
+            raise TypeError(
+                "`texts` must be an iterable of sentences or of (source, "
+                "target) pairs. Received a single "
+                f"{type(texts).__name__} of length {len(texts)}; wrap it "
+                "in a list to train on one sentence."
+            )
+        sentences = []
+        for index, item in enumerate(texts):
+            for sentence in (item,) if isinstance(item, str) else _pair(item, index):
+                if not isinstance(sentence, str):
+                    raise TypeError(
+                        f"`texts[{index}]` must be a sentence (str) or a pair "
+                        "of sentences. Received: "
+                        f"{type(sentence).__name__} {sentence!r:.60}"
+                    )
+                if sentence.strip():
+                    sentences.append(sentence)
         if not sentences:
             raise ValueError(
                 "Training a vocabulary needs at least one non-empty sentence. "
