@@ -93,6 +93,29 @@ def test_fit_stops_at_exactly_train_steps_with_a_last_checkpoint(tmp_path):
     assert int(to_numpy(model.optimizer.iterations)) == 12
 
 
+def test_a_write_cut_short_by_a_crash_neither_stops_nor_counts_in_a_resume(tmp_path):
+    model = training.compile_model(kt.build_transformer("tiny", vocabulary_size=16, num_layers=1), warmup_steps=5)
+    model = training.fit(model, reversal_batches(), tmp_path, 5, checkpoint_every=5, verbose=0)
+    checkpoints = tmp_path / "checkpoints"
+    # What kill -9 inside a write leaves: a half-written file, under the
+    # temporary name the writer uses and under the name older versions used.
+    (checkpoints / ".partial-ckpt-00000010.keras").write_bytes(b"PK\x03\x04 cut short")
+    (checkpoints / "ckpt-00000010.keras.partial.keras").write_bytes(b"PK\x03\x04 cut short")
+    assert saved_steps(checkpoints) == [5]
+    model = training.fit(model, reversal_batches(), tmp_path, 10, checkpoint_every=5, verbose=0)
+    assert int(to_numpy(model.optimizer.iterations)) == 10
+    assert saved_steps(checkpoints) == [5, 10]
+    assert not (checkpoints / ".partial-ckpt-00000010.keras").exists()
+
+
+def test_an_unwritable_checkpoint_directory_is_reported_before_training(tmp_path):
+    (tmp_path / "checkpoints").write_text("a file where the directory should be")
+    model = training.compile_model(kt.build_transformer("tiny", vocabulary_size=16, num_layers=1), warmup_steps=5)
+    with pytest.raises(PermissionError, match="Checkpoints cannot be written to .*checkpoints"):
+        training.fit(model, reversal_batches(), tmp_path, 5, checkpoint_every=5, verbose=0)
+    assert int(to_numpy(model.optimizer.iterations)) == 0
+
+
 def test_validation_bleu_after_a_resume_translates_with_the_restored_model(tmp_path):
     def new_model():
         return training.compile_model(kt.build_transformer("tiny", vocabulary_size=16, num_layers=1), warmup_steps=5)

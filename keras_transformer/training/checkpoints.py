@@ -10,10 +10,35 @@ import numpy as np
 CHECKPOINT_PATTERN = "ckpt-{step:08d}.keras"
 
 
+CHECKPOINT_NAME = re.compile(r"ckpt-(\d+)\.keras")
+
+
 def list_checkpoints(directory):
-    """The `.keras` checkpoints in `directory`, oldest step first."""
+    """The `.keras` checkpoints in `directory`, oldest step first.
+
+    Only names of the form `ckpt-<step>.keras` count: the temporary file of a
+    write that a crash cut short, or anything else, is not a checkpoint and
+    does not stop a resume.
+    """
     paths = glob.glob(os.path.join(directory, "ckpt-*.keras"))
+    paths = [path for path in paths if CHECKPOINT_NAME.fullmatch(os.path.basename(path))]
     return sorted(paths, key=checkpoint_step)
+
+
+def check_writable(directory):
+    """Creates `directory` and writes a file in it, or raises a clear error,
+    so that a run finds out before its first interval of training."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+        probe = os.path.join(directory, f".write-check-{os.getpid()}")
+        with open(probe, "w") as file:
+            file.write("ok")
+        os.remove(probe)
+    except OSError as error:
+        raise PermissionError(
+            f"Checkpoints cannot be written to {directory}: "
+            f"{error.strerror or error}. Expected a writable directory."
+        ) from None
 
 
 def checkpoint_step(path):
@@ -48,11 +73,15 @@ class SaveCheckpoints(keras.callbacks.Callback):
         os.makedirs(self.directory, exist_ok=True)
         step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
         path = os.path.join(self.directory, CHECKPOINT_PATTERN.format(step=step))
-        temporary = path + ".partial.keras"
+        # Hidden, and not of the checkpoint pattern, until the rename.
+        temporary = os.path.join(self.directory, f".partial-{os.path.basename(path)}")
         self.model.save(temporary)
         os.replace(temporary, path)
         for old in list_checkpoints(self.directory)[: -self.keep]:
             os.remove(old)
+        # Writes that an earlier crash cut short.
+        for stale in glob.glob(os.path.join(self.directory, ".partial-ckpt-*.keras")):
+            os.remove(stale)
 
 
 def restore_latest(model, directory):

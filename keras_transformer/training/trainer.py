@@ -12,6 +12,7 @@ from keras_transformer.metrics import Perplexity
 from keras_transformer.metrics import TargetTokens
 from keras_transformer.optimizers import transformer_adam
 from keras_transformer.training.checkpoints import SaveCheckpoints
+from keras_transformer.training.checkpoints import check_writable
 from keras_transformer.training.checkpoints import restore_latest
 
 
@@ -136,6 +137,7 @@ def fit(
             f"train_steps={train_steps}, checkpoint_every={checkpoint_every}"
         )
     checkpoint_dir = os.path.join(model_dir, "checkpoints")
+    check_writable(checkpoint_dir)
     restored = restore_latest(model, checkpoint_dir)
     if restored is not None:
         model = restored
