@@ -8,9 +8,10 @@ import keras
 import numpy as np
 
 CHECKPOINT_PATTERN = "ckpt-{step:08d}.keras"
-
-
 CHECKPOINT_NAME = re.compile(r"ckpt-(\d+)\.keras")
+# A checkpoint is written under this prefix, then renamed: hidden, and not
+# of the checkpoint pattern, until it is whole.
+PARTIAL_PREFIX = ".partial-"
 
 
 def list_checkpoints(directory):
@@ -43,7 +44,7 @@ def check_writable(directory):
 
 def checkpoint_step(path):
     """The training step a checkpoint was written at."""
-    match = re.search(r"ckpt-(\d+)\.keras$", os.path.basename(path))
+    match = CHECKPOINT_NAME.fullmatch(os.path.basename(path))
     if match is None:
         raise ValueError(
             f"Not a checkpoint name: expected ckpt-<step>.keras. Received: {path}"
@@ -73,14 +74,13 @@ class SaveCheckpoints(keras.callbacks.Callback):
         os.makedirs(self.directory, exist_ok=True)
         step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
         path = os.path.join(self.directory, CHECKPOINT_PATTERN.format(step=step))
-        # Hidden, and not of the checkpoint pattern, until the rename.
-        temporary = os.path.join(self.directory, f".partial-{os.path.basename(path)}")
+        temporary = os.path.join(self.directory, PARTIAL_PREFIX + os.path.basename(path))
         self.model.save(temporary)
         os.replace(temporary, path)
         for old in list_checkpoints(self.directory)[: -self.keep]:
             os.remove(old)
         # Writes that an earlier crash cut short.
-        for stale in glob.glob(os.path.join(self.directory, ".partial-ckpt-*.keras")):
+        for stale in glob.glob(os.path.join(self.directory, PARTIAL_PREFIX + "ckpt-*.keras")):
             os.remove(stale)
 
 
