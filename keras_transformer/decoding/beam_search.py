@@ -13,6 +13,7 @@ under `tf.function`, XLA and `jax.jit`, and eagerly under torch.
 """
 
 import math
+import numbers
 
 import keras
 from keras import ops
@@ -25,6 +26,21 @@ NEG_INF = -1.0e9
 def length_penalty(length, alpha):
     """lp(Y) = ((5 + |Y|) / 6) ** alpha (Wu et al., 2016, section 7)."""
     return ops.power((5.0 + ops.cast(length, "float32")) / 6.0, alpha)
+
+
+def check_alpha(alpha):
+    """The length penalty exponent must be a finite number >= 0: early
+    stopping relies on lp growing with length, and a NaN alpha makes every
+    score NaN, so that no search ends before its maximum length."""
+    if (
+        not isinstance(alpha, numbers.Real)
+        or isinstance(alpha, bool)
+        or not math.isfinite(alpha)
+        or alpha < 0
+    ):
+        raise ValueError(
+            f"alpha must be a finite number >= 0. Received: alpha={alpha!r}"
+        )
 
 
 def beam_search(
@@ -87,11 +103,7 @@ def beam_search(
     """
     if beam_size < 1:
         raise ValueError(f"beam_size must be at least 1. Received: beam_size={beam_size}")
-    if not alpha >= 0 or alpha == math.inf:  # NaN fails every comparison
-        raise ValueError(
-            "alpha must be a finite number >= 0: early stopping relies on lp "
-            f"growing with length. Received: alpha={alpha}"
-        )
+    check_alpha(alpha)
     initial_ids = ops.cast(initial_ids, "int32")
     batch_size = ops.shape(initial_ids)[0]
     if sentence_max_length is None:

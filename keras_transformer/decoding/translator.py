@@ -1,8 +1,6 @@
 """Translation: a tokenizer, a trained Transformer and a search, together."""
 
 import json
-import math
-import numbers
 import os
 import warnings
 
@@ -14,6 +12,7 @@ from keras import ops
 from keras_transformer.data.pipeline import bucket_lengths
 from keras_transformer.data.tokenizer import SubwordTokenizer
 from keras_transformer.decoding.beam_search import beam_search
+from keras_transformer.decoding.beam_search import check_alpha
 from keras_transformer.decoding.beam_search import greedy_search
 from keras_transformer.decoding.compiled import CompiledFunction
 
@@ -178,17 +177,7 @@ class Translator:
                 raise ValueError(
                     f"{name} must be an integer >= {least}. Received: {name}={value!r}"
                 )
-        if (
-            not isinstance(alpha, numbers.Real)
-            or isinstance(alpha, bool)
-            or not math.isfinite(alpha)
-            or alpha < 0
-        ):
-            # NaN would pass `alpha < 0` and make every hypothesis's score
-            # NaN, so that no search ever ends before its maximum length.
-            raise ValueError(
-                f"alpha must be a finite number >= 0. Received: alpha={alpha!r}"
-            )
+        check_alpha(alpha)
         if tokenizer.vocabulary_size != model.vocabulary_size:
             raise ValueError(
                 "The tokenizer and the model disagree on the vocabulary: "
