@@ -12,17 +12,21 @@ MODEL_FILE = "subword.model"
 CONFIG_FILE = "subword.json"
 
 
-def _pair(item, index):
-    """The sides of a (source, target) pair, or a clear error."""
-    try:
-        if isinstance(item, (bytes, bytearray)):  # iterates as ints
-            raise TypeError
-        return tuple(item)
+def _sentences_of(item, index):
+    """The sentence, or both sides of the pair, that `texts[index]` holds."""
+    if isinstance(item, str):
+        return (item,)
+    try:  # bytes would iterate as ints
+        sides = None if isinstance(item, (bytes, bytearray)) else tuple(item)
     except TypeError:
+        sides = None
+    wrong = [item] if sides is None else [s for s in sides if not isinstance(s, str)]
+    if wrong:
         raise TypeError(
             f"`texts[{index}]` must be a sentence (str) or a pair of "
-            f"sentences. Received: {type(item).__name__} {item!r:.60}"
-        ) from None
+            f"sentences. Received: {type(wrong[0]).__name__} {wrong[0]!r:.60}"
+        )
+    return sides
 
 
 class SubwordTokenizer:
@@ -112,17 +116,12 @@ class SubwordTokenizer:
                 f"{type(texts).__name__} of length {len(texts)}; wrap it "
                 "in a list to train on one sentence."
             )
-        sentences = []
-        for index, item in enumerate(texts):
-            for sentence in (item,) if isinstance(item, str) else _pair(item, index):
-                if not isinstance(sentence, str):
-                    raise TypeError(
-                        f"`texts[{index}]` must be a sentence (str) or a pair "
-                        "of sentences. Received: "
-                        f"{type(sentence).__name__} {sentence!r:.60}"
-                    )
-                if sentence.strip():
-                    sentences.append(sentence)
+        sentences = [
+            sentence
+            for index, item in enumerate(texts)
+            for sentence in _sentences_of(item, index)
+            if sentence.strip()
+        ]
         if not sentences:
             raise ValueError(
                 "Training a vocabulary needs at least one non-empty sentence. "
