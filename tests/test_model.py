@@ -161,6 +161,9 @@ def test_unknown_override_is_rejected():
         ({"attention_dropout": -0.1}, r"attention_dropout must be a number in \[0, 1\). Received: attention_dropout=-0.1"),
         ({"layer_norm_epsilon": 0.0}, "layer_norm_epsilon must be a positive finite number. Received: layer_norm_epsilon=0.0"),
         ({"layer_norm_epsilon": float("inf")}, "layer_norm_epsilon must be a positive finite number. Received: layer_norm_epsilon=inf"),
+        ({"seed": -1}, r"seed must be an integer in \[0, 1073741824\]. Received: seed=-1"),
+        ({"seed": 2**31}, r"seed must be an integer in \[0, 1073741824\]. Received: seed=2147483648"),
+        ({"seed": 1.5}, r"seed must be an integer in \[0, 1073741824\]. Received: seed=1.5"),
     ],
 )
 def test_sizes_and_rates_outside_their_range_are_rejected(override, message):

@@ -1,7 +1,11 @@
+import glob
 import os
+import random
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import keras
 import numpy as np
@@ -114,6 +118,108 @@ def test_an_unwritable_checkpoint_directory_is_reported_before_training(tmp_path
     with pytest.raises(PermissionError, match="Checkpoints cannot be written to .*checkpoints"):
         training.fit(model, reversal_batches(), tmp_path, 5, checkpoint_every=5, verbose=0)
     assert int(to_numpy(model.optimizer.iterations)) == 0
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
+def test_an_unreadable_newest_checkpoint_is_skipped_with_a_warning(tmp_path, damage):
+    def new_model():
+        return training.compile_model(kt.build_transformer("tiny", vocabulary_size=16, num_layers=1), warmup_steps=5)
+
+    training.fit(new_model(), reversal_batches(), tmp_path, 10, checkpoint_every=5, verbose=0)
+    checkpoints = tmp_path / "checkpoints"
+    newest = checkpoints / "ckpt-00000010.keras"
+    data = newest.read_bytes()
+    newest.write_bytes({"truncated": data[: len(data) // 2], "garbage": b"\x00" * 999, "empty": b""}[damage])
+    with pytest.warns(UserWarning, match=r"Skipped 1 checkpoint.*ckpt-00000010\.keras \(.+\).*resuming from .*ckpt-00000005\.keras"):
+        model = training.fit(new_model(), reversal_batches(), tmp_path, 15, checkpoint_every=5, verbose=0)
+    assert int(to_numpy(model.optimizer.iterations)) == 15
+    # The damaged file is kept aside, and the steps it held are trained again.
+    assert (checkpoints / ".unreadable-ckpt-00000010.keras").read_bytes() != data
+    assert saved_steps(checkpoints) == [5, 10, 15]
+
+
+def test_when_no_checkpoint_can_be_read_the_resume_stops_and_names_them(tmp_path):
+    model = training.compile_model(kt.build_transformer("tiny", vocabulary_size=16, num_layers=1), warmup_steps=5)
+    training.fit(model, reversal_batches(), tmp_path, 10, checkpoint_every=5, verbose=0)
+    for path in training.list_checkpoints(tmp_path / "checkpoints"):
+        with open(path, "r+b") as file:
+            file.truncate(100)
+    with pytest.raises(ValueError, match=r"None of the 2 checkpoints .* can be read.*ckpt-00000010\.keras \(.*ckpt-00000005\.keras"):
+        training.fit(model, reversal_batches(), tmp_path, 15, checkpoint_every=5, verbose=0)
+    # Nothing was moved: the next attempt says the same, and starts no new run.
+    assert saved_steps(tmp_path / "checkpoints") == [5, 10]
+
+
+def test_with_dropout_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path):
+    def train(model_dir, steps, seed=0):
+        keras.utils.set_random_seed(seed)
+        model = training.compile_model(kt.build_transformer("tiny", vocabulary_size=16, num_layers=1, dropout=0.3, attention_dropout=0.1), warmup_steps=5)
+        return training.fit(model, reversal_batches(), model_dir, steps, checkpoint_every=4, verbose=0)
+
+    whole = train(tmp_path / "whole", 12)
+    train(tmp_path / "cut", 8)
+    # The model a resumed run builds draws other seeds; the checkpoint's count.
+    resumed = train(tmp_path / "cut", 12, seed=1)
+    for got, want in zip(resumed.get_weights(), whole.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    # Dropout did act: without it, the weights differ.
+    keras.utils.set_random_seed(0)
+    plain = training.compile_model(kt.build_transformer("tiny", vocabulary_size=16, num_layers=1, dropout=0.0), warmup_steps=5)
+    plain = training.fit(plain, reversal_batches(), tmp_path / "plain", 12, checkpoint_every=4, verbose=0)
+    assert not np.allclose(plain.get_weights()[0], whole.get_weights()[0], atol=1e-4)
+
+
+# Twenty fresh processes cost a few minutes, so the loop runs in one pass of
+# the suite. What it exercises, the files a killed run leaves behind and the
+# next run's resume from them, is Keras saving and this package's code, the
+# same on every backend; that a resumed run continues every backend's
+# dropout streams exactly is the in-process test above, run in every pass.
+@pytest.mark.skipif(
+    keras.backend.backend() != "tensorflow",
+    reason="the kill loop runs in the TensorFlow pass; resuming on this backend is tested in-process",
+)
+def test_kill_9_twenty_times_at_random_points_and_the_run_ends_as_an_uninterrupted_one(tmp_path):
+    steps, every = 100, 2  # a checkpoint write every other step
+    arguments = ("--dropout", "0.2")
+    reference = run(tmp_path / "whole", steps, every, tmp_path / "whole.npz", *arguments)
+    checkpoints = tmp_path / "killed" / "checkpoints"
+
+    def newest_step():
+        return max(saved_steps(checkpoints), default=0)
+
+    def wait_for(condition, process):
+        deadline = time.time() + 120
+        while not condition():
+            assert process.poll() is None, f"the run ended before it was killed: {process.communicate()[1][-3000:]}"
+            assert time.time() < deadline, "the run made no progress"
+            time.sleep(0.002)
+
+    rng = random.Random(0)
+    moments = ["inside a checkpoint write", "between steps", "while starting or restoring"]
+    kills, partial_left = {moment: 0 for moment in moments}, 0
+    for attempt in range(20):
+        moment = moments[attempt % 3]
+        process = run(tmp_path / "killed", steps, every, tmp_path / "killed.npz", *arguments, wait=False)
+        if moment == "inside a checkpoint write":
+            wait_for(lambda: glob.glob(str(checkpoints / ".partial-*")), process)
+        elif moment == "between steps":
+            start = newest_step()
+            wait_for(lambda: newest_step() > start, process)
+            time.sleep(rng.uniform(0, 0.3))
+        else:
+            time.sleep(rng.uniform(0, 12))
+        process.send_signal(signal.SIGKILL)
+        _, stderr = process.communicate()
+        assert process.returncode == -signal.SIGKILL, f"the run failed before the kill: {stderr.decode()[-3000:]}"
+        kills[moment] += 1
+        partial_left += bool(glob.glob(str(checkpoints / ".partial-*")))
+    assert sum(kills.values()) == 20 and partial_left >= 1, (kills, partial_left)
+    assert newest_step() < steps
+
+    final = run(tmp_path / "killed", steps, every, tmp_path / "killed.npz", *arguments)
+    assert final["step"] == steps
+    for got, want in zip(weights(final), weights(reference)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_validation_bleu_after_a_resume_translates_with_the_restored_model(tmp_path):

@@ -25,6 +25,9 @@ class TransformerBlock(keras.layers.Layer):
         layer_norm_epsilon: epsilon of the LayerNorms.
         kernel_initializer: initializer of all projection kernels.
         bias_initializer: initializer of all projection biases.
+        seed: the first of the block's dropout seeds (each dropout draws from
+            its own stream: `seed`, `seed + 1`, ...), or None for unseeded
+            dropout.
         **kwargs: base layer arguments, such as `name` and `dtype`.
     """
 
@@ -38,6 +41,7 @@ class TransformerBlock(keras.layers.Layer):
         layer_norm_epsilon=1e-6,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
+        seed=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -49,11 +53,21 @@ class TransformerBlock(keras.layers.Layer):
         self.layer_norm_epsilon = layer_norm_epsilon
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.seed = seed
+        self._seeds_drawn = 0
+
+    def _next_seed(self):
+        """The seed of the next dropout the block makes, in a fixed order."""
+        if self.seed is None:
+            return None
+        self._seeds_drawn += 1
+        return self.seed + self._seeds_drawn - 1
 
     def _attention(self, name):
         return MultiHeadAttention(
             self.num_heads,
             dropout=self.attention_dropout,
+            seed=self._next_seed(),
             kernel_initializer=clone_initializer(self.kernel_initializer),
             bias_initializer=clone_initializer(self.bias_initializer),
             dtype=self.dtype_policy,
@@ -78,7 +92,7 @@ class TransformerBlock(keras.layers.Layer):
 
     def _dropout(self, name):
         return keras.layers.Dropout(
-            self.dropout, dtype=self.dtype_policy, name=name
+            self.dropout, seed=self._next_seed(), dtype=self.dtype_policy, name=name
         )
 
     def get_config(self):
@@ -91,6 +105,7 @@ class TransformerBlock(keras.layers.Layer):
                 "attention_dropout": self.attention_dropout,
                 "normalize_first": self.normalize_first,
                 "layer_norm_epsilon": self.layer_norm_epsilon,
+                "seed": self.seed,
                 "kernel_initializer": keras.initializers.serialize(
                     self.kernel_initializer
                 ),

@@ -3,6 +3,7 @@
 import inspect
 import math
 import numbers
+import random
 
 import keras
 from keras import ops
@@ -15,6 +16,12 @@ from keras_transformer.layers import TransformerEncoderBlock
 from keras_transformer.models.presets import PRESETS
 
 PADDING_ID = 0
+# Dropout seeds are stored in 32 bits (JAX's seed dtype) with room for the
+# per-layer offsets.
+MAX_SEED = 2**30
+# A block makes at most this many dropout layers (a decoder block: five).
+SEEDS_PER_BLOCK = 8
+RANDOM_STATE_KEY = "random_state_"
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -53,6 +60,12 @@ class Transformer(keras.Model):
             each its own.
         layer_norm_epsilon: epsilon of every LayerNorm.
         dtype: the dtype policy, such as `"mixed_bfloat16"`.
+        seed: the seed of the model's dropout: each dropout layer draws from
+            its own stream, derived from it. None draws one from Python's
+            `random` (which `keras.utils.set_random_seed` seeds). The seed is
+            in the config, and the streams' positions are saved with the
+            weights, so a model restored from a checkpoint drops out as the
+            saved one would have next.
         **kwargs: base model arguments, such as `name`.
     """
 
@@ -69,8 +82,11 @@ class Transformer(keras.Model):
         share_embeddings=True,
         layer_norm_epsilon=1e-6,
         dtype=None,
+        seed=None,
         **kwargs,
     ):
+        if seed is None:
+            seed = random.randint(0, MAX_SEED)
         _check_arguments(
             vocabulary_size=vocabulary_size,
             num_layers=num_layers,
@@ -81,6 +97,10 @@ class Transformer(keras.Model):
             attention_dropout=attention_dropout,
             layer_norm_epsilon=layer_norm_epsilon,
         )
+        if not isinstance(seed, numbers.Integral) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED:
+            raise ValueError(
+                f"seed must be an integer in [0, {MAX_SEED}]. Received: seed={seed!r}"
+            )
         if d_model % num_heads != 0:
             raise ValueError(
                 "d_model must be divisible by num_heads, so that every head "
@@ -116,10 +136,10 @@ class Transformer(keras.Model):
             dtype=dtype, name="position_encoding"
         )
         self.source_dropout = keras.layers.Dropout(
-            dropout, dtype=dtype, name="source_dropout"
+            dropout, seed=seed, dtype=dtype, name="source_dropout"
         )
         self.target_dropout = keras.layers.Dropout(
-            dropout, dtype=dtype, name="target_dropout"
+            dropout, seed=seed + 1, dtype=dtype, name="target_dropout"
         )
         block_arguments = {
             "num_heads": num_heads,
@@ -130,12 +150,21 @@ class Transformer(keras.Model):
             "layer_norm_epsilon": layer_norm_epsilon,
             "dtype": dtype,
         }
+        # Block k's dropouts are seeded from seed + SEEDS_PER_BLOCK * (k + 1).
         self.encoder_blocks = [
-            TransformerEncoderBlock(**block_arguments, name=f"encoder_block_{i}")
+            TransformerEncoderBlock(
+                **block_arguments,
+                seed=seed + SEEDS_PER_BLOCK * (i + 1),
+                name=f"encoder_block_{i}",
+            )
             for i in range(num_layers)
         ]
         self.decoder_blocks = [
-            TransformerDecoderBlock(**block_arguments, name=f"decoder_block_{i}")
+            TransformerDecoderBlock(
+                **block_arguments,
+                seed=seed + SEEDS_PER_BLOCK * (num_layers + i + 1),
+                name=f"decoder_block_{i}",
+            )
             for i in range(num_layers)
         ]
         # A pre-LN stack ends on an unnormalized residual sum.
@@ -189,6 +218,7 @@ class Transformer(keras.Model):
         self.normalize_first = normalize_first
         self.share_embeddings = share_embeddings
         self.layer_norm_epsilon = layer_norm_epsilon
+        self.seed = seed
 
     def __setattr__(self, name, value):
         # The layers are made before `super().__init__()`, whose Functional
@@ -347,7 +377,36 @@ class Transformer(keras.Model):
             "normalize_first": self.normalize_first,
             "share_embeddings": self.share_embeddings,
             "layer_norm_epsilon": self.layer_norm_epsilon,
+            "seed": self.seed,
         }
+
+    # === Saving ===
+    def _random_states(self):
+        """The positions of the dropout streams: the variables that are not
+        weights (Keras keeps them out of `weights` and out of its saving)."""
+        weights = {id(weight) for weight in self.weights}
+        return [v for v in self.variables if id(v) not in weights]
+
+    def save_own_variables(self, store):
+        super().save_own_variables(store)
+        for i, state in enumerate(self._random_states()):
+            store[f"{RANDOM_STATE_KEY}{i}"] = state
+
+    def load_own_variables(self, store):
+        """Loads the dropout streams' positions too, when the file has them
+        (files written by earlier versions do not)."""
+        random_keys = [k for k in store.keys() if k.startswith(RANDOM_STATE_KEY)]
+        super().load_own_variables(
+            {k: store[k] for k in store.keys() if k not in random_keys}
+        )
+        states = self._random_states()
+        if random_keys and len(random_keys) != len(states):
+            raise ValueError(
+                f"The file holds {len(random_keys)} dropout states, but this "
+                f"model has {len(states)}: it was saved from another model."
+            )
+        for i, state in enumerate(states if random_keys else []):
+            state.assign(store[f"{RANDOM_STATE_KEY}{i}"])
 
     @classmethod
     def from_config(cls, config):

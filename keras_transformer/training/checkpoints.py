@@ -3,6 +3,7 @@
 import glob
 import os
 import re
+import warnings
 
 import keras
 import numpy as np
@@ -12,6 +13,9 @@ CHECKPOINT_NAME = re.compile(r"ckpt-(\d+)\.keras")
 # A checkpoint is written under this prefix, then renamed: hidden, and not
 # of the checkpoint pattern, until it is whole.
 PARTIAL_PREFIX = ".partial-"
+# A checkpoint that cannot be read is moved aside under this prefix, out of
+# the resume's way but kept for inspection.
+UNREADABLE_PREFIX = ".unreadable-"
 
 
 def list_checkpoints(directory):
@@ -85,15 +89,46 @@ class SaveCheckpoints(keras.callbacks.Callback):
 
 
 def restore_latest(model, directory):
-    """The newest checkpoint in `directory` as a compiled model, or None.
+    """The newest readable checkpoint in `directory` as a compiled model, or
+    None when there is none.
+
+    A checkpoint that cannot be read (truncated, corrupt, emptied by a full
+    disk) is skipped with a warning that names it and says why, and moved
+    aside as `.unreadable-ckpt-<step>.keras`; the next older one is tried.
+    If checkpoints exist but none can be read, that is an error: starting
+    over would silently throw their training away.
 
     The checkpoint must hold the same architecture as `model`: resuming a
     different model from it would silently train the wrong thing.
     """
     checkpoints = list_checkpoints(directory)
-    if not checkpoints:
+    restored, unreadable = None, {}
+    for path in reversed(checkpoints):
+        try:
+            restored, restored_from = keras.saving.load_model(path), path
+            break
+        except Exception as error:  # noqa: BLE001 - any unreadable file
+            unreadable[path] = f"{type(error).__name__}: {_first_line(error)}"
+    reasons = "; ".join(f"{path} ({why})" for path, why in unreadable.items())
+    if restored is None:
+        if checkpoints:
+            raise ValueError(
+                f"None of the {len(checkpoints)} checkpoints in {directory} "
+                f"can be read, so training cannot resume: {reasons}. Expected "
+                "at least one intact ckpt-<step>.keras; move the directory "
+                "away to start over."
+            )
         return None
-    restored = keras.saving.load_model(checkpoints[-1])
+    for path in unreadable:
+        # Out of the way of later writes and of averaging, kept to inspect.
+        os.replace(path, os.path.join(directory, UNREADABLE_PREFIX + os.path.basename(path)))
+    if unreadable:
+        warnings.warn(
+            f"Skipped {len(unreadable)} checkpoint(s) that cannot be read: "
+            f"{reasons}. Moved aside with the prefix {UNREADABLE_PREFIX}; "
+            f"resuming from {restored_from}.",
+            stacklevel=2,
+        )
     expected = _architecture(model)
     found = _architecture(restored)
     if expected != found:
@@ -111,9 +146,16 @@ def restore_latest(model, directory):
     return restored
 
 
+def _first_line(error):
+    text = str(error).strip()
+    return text.splitlines()[0] if text else "no message"
+
+
 def _architecture(model):
     config = dict(model.get_config())
-    for key in ("name", "trainable", "dtype"):
+    # The dropout seed is drawn afresh by each new model; the checkpoint's
+    # own seed (and the streams' positions) continue.
+    for key in ("name", "trainable", "dtype", "seed"):
         config.pop(key, None)
     return config
 
