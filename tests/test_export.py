@@ -236,8 +236,14 @@ def test_exports_go_to_new_versions_in_tf_serving_layout(translator, tmp_path, c
     assert sorted(os.listdir(base / "toy")) == ["1"]  # the CLI named it after --model-dir
     assert sorted(os.listdir(base / "translator")) == ["1"]
     (base / "toy" / "7").mkdir()
+    # What an export killed midway leaves, and the folder of one still running.
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (base / "toy" / f".partial-{int(ended.stdout)}-x1").mkdir()
+    (base / "toy" / f".partial-{int(ended.stdout)}-x1" / "saved_model.pb").write_bytes(b"cut short")
+    (base / "toy" / f".partial-{os.getpid()}-y2").mkdir()
     assert export_new_version(translator, "toy", base_dir=str(base)) == str(base / "toy" / "8")
-    assert sorted(os.listdir(base / "toy")) == ["1", "7", "8"]  # no partial export left behind
+    # No partial export of this one, nor of the killed one, is left behind.
+    assert sorted(os.listdir(base / "toy")) == [f".partial-{os.getpid()}-y2", "1", "7", "8"]
 
     greedy = tf.saved_model.load(str(base / "translator" / "1"))
     assert serve(greedy, SENTENCES[:2])[0] == kt.Translator(

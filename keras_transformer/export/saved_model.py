@@ -30,6 +30,8 @@ TEXT_SIGNATURE = "serving_default"
 IDS_SIGNATURE = "translate_ids"
 SUBWORD_ASSET = "subword.model"
 SETTINGS_ASSET = "translator.json"
+# An export in progress: hidden from TF Serving, which loads numbered folders.
+PARTIAL_PREFIX = ".partial-"
 
 # Python's str.isspace(), in RE2: the Translator's "blank line" test.
 _BLANK = r"[\s\x{0B}\x{1C}-\x{1F}\x{85}\p{Z}]*"
@@ -245,7 +247,10 @@ def export_new_version(translator, name, base_dir="saved_models"):
     The version is one more than the highest existing one (1 for the first
     export). The SavedModel is written under a name TF Serving ignores and
     then renamed, so a server watching `<base_dir>/<name>` never loads a
-    half-written version.
+    half-written version. That name holds the exporting process's id, so an
+    export killed midway (kill -9, a lost machine) leaves a folder that the
+    next export on this machine removes, while the folder of an export still
+    running is left alone.
 
     Returns:
         The new version's directory.
@@ -257,7 +262,8 @@ def export_new_version(translator, name, base_dir="saved_models"):
         )
     model_base = os.path.join(base_dir, name)
     os.makedirs(model_base, exist_ok=True)
-    partial = tempfile.mkdtemp(prefix=".partial-", dir=model_base)
+    _remove_abandoned_exports(model_base)
+    partial = tempfile.mkdtemp(prefix=f"{PARTIAL_PREFIX}{os.getpid()}-", dir=model_base)
     try:
         shutil.rmtree(partial)
         export_saved_model(translator, partial)
@@ -272,6 +278,27 @@ def export_new_version(translator, name, base_dir="saved_models"):
                 # Another export took this version meanwhile; take the next.
     finally:
         shutil.rmtree(partial, ignore_errors=True)
+
+
+def _remove_abandoned_exports(model_base):
+    """Removes the partial folders of exports whose process is gone."""
+    for entry in os.listdir(model_base):
+        if not entry.startswith(PARTIAL_PREFIX):
+            continue
+        pid = entry[len(PARTIAL_PREFIX):].split("-")[0]
+        # Folders without an id come from versions that did not write one.
+        if not pid.isdigit() or not _process_exists(int(pid)):
+            shutil.rmtree(os.path.join(model_base, entry), ignore_errors=True)
+
+
+def _process_exists(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _latest_version(model_base):
