@@ -28,6 +28,12 @@ def test_round_trip_is_exact_even_for_unseen_characters(tokenizer):
         "Two  spaces,\ta tab, and trailing space ",
         "Straße, Ärger, naïve café — “quotes” 日本語 🙂",
         "Numbers 12345 and 3.14",
+        # Leading spaces, which SentencePiece's own decoder drops.
+        " one leading space",
+        "   three, then a tab\t",
+        " ",
+        "\u3000ideographic and\u00a0no-break spaces",
+        "",
     ]
     ids = tokenizer.tokenize(lines)
     assert [text.decode() for text in tokenizer.detokenize(ids).numpy()] == lines
@@ -41,6 +47,10 @@ def test_special_ids_are_fixed_and_dropped_by_detokenize(tokenizer):
     assert not set(ids) & {0, 2, 3}
     padded = np.concatenate([[tokenizer.bos_id], ids, [tokenizer.eos_id, 0, 0]])
     assert tokenizer.detokenize(padded[None]).numpy()[0].decode() == "Two dogs play."
+    # ... also before the leading spaces they keep.
+    ids = tokenizer.tokenize("  Two dogs.").numpy()
+    padded = np.concatenate([[tokenizer.bos_id], ids, [tokenizer.eos_id, 0]])
+    assert tokenizer.detokenize(padded).numpy().decode() == "  Two dogs."
 
 
 def test_shared_vocabulary_covers_both_languages(tokenizer):

@@ -10,6 +10,32 @@ import tensorflow_text
 
 MODEL_FILE = "subword.model"
 CONFIG_FILE = "subword.json"
+# SentencePiece writes a space as this mark and begins every text with one
+# (its "dummy prefix"). Its decoder drops every mark a text begins with, so
+# the spaces a text began with are in the pieces but not in the decoded text.
+SPACE_MARK = "\u2581"
+
+
+def detokenize_exactly(sentencepiece_op, ids):
+    """Text from `[batch, None]` ragged ids, with the spaces it began with.
+
+    A graph function, shared by `SubwordTokenizer.detokenize` and the
+    exported SavedModel: `sentencepiece_op` is a
+    `tensorflow_text.SentencepieceTokenizer`. Padding, BOS and EOS ids are
+    dropped; SentencePiece decodes the rest, and the leading spaces its
+    decoder drops (the marks after the first) are put back.
+    """
+    kept = tf.ragged.boolean_mask(
+        ids,
+        (ids != SubwordTokenizer.padding_id)
+        & (ids != SubwordTokenizer.bos_id)
+        & (ids != SubwordTokenizer.eos_id),
+    )
+    text = sentencepiece_op.detokenize(kept)
+    pieces = tf.strings.reduce_join(sentencepiece_op.id_to_string(kept), axis=-1)
+    marks = tf.strings.regex_replace(pieces, f"(?s)^{SPACE_MARK}({SPACE_MARK}*).*$", r"\1")
+    marks = tf.where(tf.strings.regex_full_match(pieces, f"(?s){SPACE_MARK}.*"), marks, "")
+    return tf.strings.regex_replace(marks, SPACE_MARK, " ") + text
 
 
 def _sentences_of(item, index):
@@ -38,10 +64,11 @@ class SubwordTokenizer:
     tokenizes with `tensorflow_text.SentencepieceTokenizer`, a TF op, so the
     same tokenizer runs in `tf.data` and inside an exported SavedModel.
 
-    Text is kept exactly: no Unicode normalization, no whitespace collapsing,
-    and characters outside the vocabulary fall back to their UTF-8 bytes
-    instead of becoming an unknown token. So `detokenize(tokenize(line))`
-    gives back `line`, and sacrebleu can score detokenized output as it is.
+    Text is kept exactly: no Unicode normalization, no whitespace collapsing
+    (leading, inner or trailing), and characters outside the vocabulary fall
+    back to their UTF-8 bytes instead of becoming an unknown token. So
+    `detokenize(tokenize(line))` gives back `line`, and sacrebleu can score
+    detokenized output as it is.
 
     Ids 0 to 3 are fixed: `padding_id`, `unknown_id`, `bos_id`, `eos_id`.
 
@@ -65,7 +92,7 @@ class SubwordTokenizer:
             input_signature=[tf.TensorSpec([None], tf.string)],
         )
         self._detokenize = tf.function(
-            lambda ids: self._graph_tokenizer().detokenize(ids),
+            lambda ids: detokenize_exactly(self._graph_tokenizer(), ids),
             input_signature=[tf.RaggedTensorSpec([None, None], tf.int32, 1)],
         )
         self._id_to_piece = tf.function(

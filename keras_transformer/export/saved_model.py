@@ -24,6 +24,7 @@ import tensorflow as tf
 import tensorflow_text
 
 from keras_transformer.data.pipeline import bucket_lengths
+from keras_transformer.data.tokenizer import detokenize_exactly
 from keras_transformer.decoding.translator import search_translations
 
 TEXT_SIGNATURE = "serving_default"
@@ -187,8 +188,8 @@ def _serving_module(translator, subword_file, settings_file):
         text = tf.where(tf.strings.regex_full_match(text, _BLANK), "", text)
         source_ids = module.tokenizer.tokenize(text)
         target_ids, scores = translate_rows(source_ids)
-        translation = module.tokenizer.detokenize(
-            tf.RaggedTensor.from_tensor(target_ids, padding=0)
+        translation = detokenize_exactly(
+            module.tokenizer, tf.RaggedTensor.from_tensor(target_ids, padding=0)
         )
         return {"translation": translation, "score": scores}
 
