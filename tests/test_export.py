@@ -268,4 +268,6 @@ def test_translate_file_serves_a_file_as_the_translator_translates_it(exported, 
         capture_output=True, text=True,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert (tmp_path / "served.de").read_text().splitlines() == translator.translate(lines)
+    # One translation per "\n"-ended line; an untrained model's output may hold
+    # other line breaks (form feeds, from byte pieces).
+    assert (tmp_path / "served.de").read_text().split("\n") == [*translator.translate(lines), ""]
