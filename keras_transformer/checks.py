@@ -112,3 +112,148 @@ class TokenIdCheck(keras.layers.Layer):
             }
         )
         return config
+
+
+# Keras converts a model's inputs to the int32 of its `keras.Input`s before
+# any layer runs: 5.7 becomes 5, and under JAX (64-bit types off) 2**32 + 5
+# becomes 5. So the model's inputs are checked as they arrive, before that.
+INPUT_NAMES = ("source_ids", "target_ids")
+_WIDER_THAN_INT32 = ("int64", "uint32", "uint64")
+
+
+def check_model_inputs(inputs, vocabulary_size):
+    """Rejects model inputs that Keras would otherwise turn into other ids.
+
+    `inputs` is `{"source_ids": [B, S], "target_ids": [B, T]}`, as arrays,
+    tensors of any backend, or symbolic tensors. Ids must be integers, the
+    two inputs must be `[batch, length]` with one batch size, and both
+    lengths at least 1 (a sequence of no tokens has nothing to attend to).
+    Ids of types wider than int32 are checked against the vocabulary here,
+    before the cast to int32 could wrap them into it. Static properties are
+    checked at once; under TensorFlow, dynamic shapes are checked in the
+    graph. Other inputs (a model called on something else) pass unchanged.
+
+    Returns:
+        `inputs`, with the ids carrying the graph checks under TensorFlow.
+    """
+    if not isinstance(inputs, dict) or set(inputs) != set(INPUT_NAMES):
+        return inputs
+    checked = {}
+    for name in INPUT_NAMES:
+        ids = inputs[name]
+        if not hasattr(ids, "dtype") or not hasattr(ids, "shape"):
+            ids = np.asarray(ids)
+        dtype = keras.backend.standardize_dtype(ids.dtype)
+        if "int" not in dtype:
+            raise TypeError(
+                f"`{name}` must hold integer token ids. Received dtype "
+                f"{dtype}, which would be cut to integers (5.7 read as 5)."
+            )
+        if len(ids.shape) != 2:
+            raise ValueError(
+                f"`{name}` must be [batch, length] token ids. Received shape "
+                f"{tuple(ids.shape)}."
+            )
+        if ids.shape[1] == 0:
+            raise ValueError(
+                f"`{name}` must hold at least one token per row (source + EOS, "
+                f"or BOS + target). Received shape {tuple(ids.shape)}."
+            )
+        if dtype in _WIDER_THAN_INT32:
+            if isinstance(ids, np.ndarray):
+                _raise_if_out_of_range(ids, vocabulary_size, name)
+            elif not isinstance(ids, keras.KerasTensor):
+                ids = assert_token_ids_in_range(ids, vocabulary_size, name)
+        checked[name] = ids
+    source, target = (checked[name] for name in INPUT_NAMES)
+    if None not in (source.shape[0], target.shape[0]) and source.shape[0] != target.shape[0]:
+        raise ValueError(
+            "`source_ids` and `target_ids` must hold the same number of rows "
+            f"(one source per target). Received shapes {tuple(source.shape)} "
+            f"and {tuple(target.shape)}."
+        )
+    if keras.backend.backend() == "tensorflow":
+        checked = _check_dynamic_shapes(checked)
+    return {**inputs, **checked}
+
+
+def _check_dynamic_shapes(inputs):
+    """Batch sizes and lengths that a TensorFlow graph knows only when run."""
+    import tensorflow as tf
+
+    source, target = (inputs[name] for name in INPUT_NAMES)
+    if tf.executing_eagerly() or isinstance(source, (np.ndarray, keras.KerasTensor)):
+        return inputs
+    if not (tf.is_tensor(source) and tf.is_tensor(target)):
+        return inputs
+    source_shape, target_shape = tf.shape(source), tf.shape(target)
+    assertions = [
+        tf.debugging.assert_equal(
+            source_shape[0],
+            target_shape[0],
+            message="`source_ids` and `target_ids` must hold the same number "
+            "of rows (one source per target). Received batch sizes:",
+        ),
+        tf.debugging.assert_positive(
+            source_shape[1],
+            message="`source_ids` must hold at least one token per row. Received length:",
+        ),
+        tf.debugging.assert_positive(
+            target_shape[1],
+            message="`target_ids` must hold at least one token per row. Received length:",
+        ),
+    ]
+    with tf.control_dependencies(assertions):
+        return {name: tf.identity(inputs[name]) for name in INPUT_NAMES}
+
+
+def check_model_data(x, vocabulary_size):
+    """`check_model_inputs` for what `fit`, `evaluate` and `predict` take,
+    before their data adapters convert it (under JAX, to int32).
+
+    Arrays are checked at once. A `tf.data.Dataset` of ids is checked as it
+    runs: its element types at once, and ids of 64-bit types against the
+    vocabulary in the pipeline. Other sources (generators, `PyDataset`) are
+    checked where the model is called.
+    """
+    if isinstance(x, dict):
+        return check_model_inputs(x, vocabulary_size)
+    import tensorflow as tf
+
+    if not isinstance(x, tf.data.Dataset):
+        return x
+    spec = x.element_spec
+    features = spec[0] if isinstance(spec, tuple) else spec
+    if not isinstance(features, dict) or set(features) != set(INPUT_NAMES):
+        return x
+    for name in INPUT_NAMES:
+        if not features[name].dtype.is_integer:
+            raise TypeError(
+                f"`{name}` must hold integer token ids. Received a dataset of "
+                f"dtype {features[name].dtype.name}, which would be cut to "
+                "integers (5.7 read as 5)."
+            )
+    if all(features[name].dtype.name not in _WIDER_THAN_INT32 for name in INPUT_NAMES):
+        return x
+
+    message = (
+        "holds token ids outside the vocabulary: expected 0 <= id < "
+        f"vocabulary_size={vocabulary_size}. Received:"
+    )
+
+    def in_range(*element):
+        ids = element[0]
+        wide = {name: tf.cast(ids[name], tf.int64) for name in INPUT_NAMES}
+        assertions = [
+            check(wide[name], message=f"`{name}` {message}")
+            for name in INPUT_NAMES
+            for check in (
+                tf.debugging.assert_non_negative,
+                functools.partial(tf.debugging.assert_less, y=tf.constant(vocabulary_size, tf.int64)),
+            )
+        ]
+        with tf.control_dependencies(assertions):
+            checked = tf.nest.map_structure(tf.identity, element)
+        return checked if len(element) > 1 else checked[0]
+
+    return x.map(in_range)

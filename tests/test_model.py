@@ -193,3 +193,66 @@ def test_ids_outside_the_vocabulary_are_rejected_in_compiled_steps(model, batch)
     # JaxRuntimeError, torch in a ValueError.
     with pytest.raises(Exception, match=r"`target_ids` holds (1 )?token id"):
         model.predict(bad, verbose=0)
+
+
+def _bad_inputs(batch, case):
+    """Inputs Keras would once have turned into other ids, or failed on
+    deep inside (TensorFlow's "Biases must be 1D"), or run through."""
+    source, target = batch["source_ids"].astype("int64"), batch["target_ids"].astype("int64")
+    if case == "float ids":
+        source = source.astype("float32")
+        source[0, 1] = 5.7
+        return {"source_ids": source, "target_ids": target}, r"`source_ids` must hold integer token ids. Received dtype float32"
+    if case == "64-bit ids past int32":
+        target[2, 3] = 2**32 + 5  # int32 would read 5
+        return {"source_ids": source, "target_ids": target}, r"`target_ids` holds 1 token id\(s\) outside the vocabulary: target_ids\[2, 3\] = 4294967301"
+    if case == "empty source":
+        return {"source_ids": source[:, :0], "target_ids": target}, r"`source_ids` must hold at least one token per row.*Received shape \(3, 0\)"
+    if case == "empty target":
+        return {"source_ids": source, "target_ids": target[:, :0]}, r"`target_ids` must hold at least one token per row.*Received shape \(3, 0\)"
+    return {"source_ids": source[:2], "target_ids": target}, r"must hold the same number of rows.*Received shapes \(2, 7\) and \(3, 6\)"
+
+
+BAD_INPUTS = ["float ids", "64-bit ids past int32", "empty source", "empty target", "batch sizes differ"]
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_inputs_keras_would_convert_or_fail_on_are_clear_errors_everywhere(model, batch, case):
+    inputs, message = _bad_inputs(batch, case)
+    labels = inputs["target_ids"].astype("int32")
+    kt.training.compile_model(model)
+    for entry in (
+        lambda: model(inputs),
+        lambda: model.predict(inputs, verbose=0),
+        lambda: model.predict_on_batch(inputs),
+        lambda: model.fit(inputs, labels[: len(inputs["source_ids"])], verbose=0),
+        lambda: model.train_on_batch(inputs, labels),
+        lambda: model.evaluate(inputs, labels[: len(inputs["source_ids"])], verbose=0),
+    ):
+        with pytest.raises((TypeError, ValueError), match=message):
+            entry()
+
+
+@pytest.mark.parametrize("case", ["64-bit ids past int32", "empty target", "batch sizes differ"])
+def test_a_dataset_of_bad_inputs_fails_clearly_as_it_runs(model, batch, case):
+    """In a dataset, shapes and values are known only as it runs: under
+    TensorFlow the graph checks them, under JAX the trace, under torch each
+    call; 64-bit ids are checked in the pipeline, before JAX's int32."""
+    import tensorflow as tf
+
+    inputs, message = _bad_inputs(batch, case)
+    labels = inputs["target_ids"].astype("int32")
+    dataset = tf.data.Dataset.from_generator(
+        lambda: iter([(inputs, labels)]),
+        output_signature=(
+            {name: tf.TensorSpec([None, None], tf.int64) for name in inputs},
+            tf.TensorSpec([None, None], tf.int32),
+        ),
+    )
+    kt.training.compile_model(model)
+    # Raised in the graph or the pipeline, the message names no position.
+    message = {"64-bit ids past int32": r"`target_ids` holds (1 )?token id"}.get(case, message.split(".*")[0])
+    with pytest.raises(Exception, match=message):
+        model.fit(dataset, shuffle=False, verbose=0)
+    with pytest.raises(TypeError, match=r"`source_ids` must hold integer token ids. Received a dataset of dtype float32"):
+        model.fit(dataset.map(lambda x, y: ({k: tf.cast(v, tf.float32) for k, v in x.items()}, y)), shuffle=False, verbose=0)

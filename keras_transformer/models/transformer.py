@@ -9,6 +9,8 @@ import keras
 from keras import ops
 
 from keras_transformer.checks import TokenIdCheck
+from keras_transformer.checks import check_model_data
+from keras_transformer.checks import check_model_inputs
 from keras_transformer.layers import SinusoidalPositionEncoding
 from keras_transformer.layers import TokenEmbedding
 from keras_transformer.layers import TransformerDecoderBlock
@@ -219,6 +221,29 @@ class Transformer(keras.Model):
         self.share_embeddings = share_embeddings
         self.layer_norm_epsilon = layer_norm_epsilon
         self.seed = seed
+
+    # === Inputs, checked before Keras casts them to int32 ===
+    def __call__(self, inputs, *args, **kwargs):
+        inputs = check_model_inputs(inputs, self.vocabulary_size)
+        return super().__call__(inputs, *args, **kwargs)
+
+    def fit(self, x=None, *args, **kwargs):
+        return super().fit(check_model_data(x, self.vocabulary_size), *args, **kwargs)
+
+    def evaluate(self, x=None, *args, **kwargs):
+        return super().evaluate(check_model_data(x, self.vocabulary_size), *args, **kwargs)
+
+    def predict(self, x, *args, **kwargs):
+        return super().predict(check_model_data(x, self.vocabulary_size), *args, **kwargs)
+
+    def train_on_batch(self, x, *args, **kwargs):
+        return super().train_on_batch(check_model_data(x, self.vocabulary_size), *args, **kwargs)
+
+    def test_on_batch(self, x, *args, **kwargs):
+        return super().test_on_batch(check_model_data(x, self.vocabulary_size), *args, **kwargs)
+
+    def predict_on_batch(self, x):
+        return super().predict_on_batch(check_model_data(x, self.vocabulary_size))
 
     def __setattr__(self, name, value):
         # The layers are made before `super().__init__()`, whose Functional
