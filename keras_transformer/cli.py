@@ -57,8 +57,11 @@ def _write_lines(lines, path):
         sys.stdout.write(text)
         sys.stdout.flush()
     else:
-        with open(path, "w", encoding="utf-8") as file:
-            file.write(text)
+        try:
+            with open(path, "w", encoding="utf-8") as file:
+                file.write(text)
+        except OSError as error:
+            raise OSError(f"Cannot write {path}: {error.strerror or error}") from None
 
 
 def _check_writable(path):
@@ -86,6 +89,8 @@ def evaluate(args):
     _check_writable(args.output)
     sources = read_lines(args.source)
     references = read_lines(args.reference)
+    if not sources:
+        raise SystemExit(f"error: {args.source} has no lines; expected a test set, one sentence per line.")
     if len(sources) != len(references):
         raise SystemExit(
             f"error: {args.source} has {len(sources)} lines but "
@@ -300,5 +305,6 @@ def main(argv=None):
         warnings.showwarning = _show_warning
     try:
         args.run(args)
-    except (ValueError, FileNotFoundError, FileExistsError, TypeError) as error:
+    except (ValueError, TypeError, OSError) as error:
+        # OSError: files the user named (missing, unwritable, a full disk).
         raise SystemExit(f"error: {error}") from None

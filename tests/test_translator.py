@@ -282,6 +282,43 @@ def test_cli_reports_bad_files(model_dir, tmp_path):
             cli.main(["translate", "--model-dir", str(model_dir), "--alpha", value])
 
 
+def test_cli_reports_damaged_model_directories_and_other_mistakes_in_one_line(model_dir, tmp_path):
+    import shutil
+
+    def damaged(name, file, content):
+        directory = tmp_path / name
+        shutil.copytree(model_dir, directory)
+        (directory / file).write_bytes(content)
+        return directory
+
+    whole = (model_dir / "model.keras").read_bytes()
+    (tmp_path / "in.en").write_text("the man .\n", encoding="utf-8")
+    for directory, message in (
+        (damaged("cut", "model.keras", whole[: len(whole) // 2]), r"cut/model.keras cannot be read as a Keras model \(not a zip archive\)"),
+        (damaged("text", "model.keras", b"not a model"), r"text/model.keras cannot be read as a Keras model"),
+        (damaged("vocabulary", "subword.model", b"\x08garbage"), r"vocabulary/subword.model cannot be read as a SentencePiece model"),
+        (damaged("json", "translator.json", b"{beam_size: 4"), r"json/translator.json is not valid JSON"),
+        (damaged("list", "translator.json", b"[4]"), r"list/translator.json must hold a JSON object; it holds list"),
+        (damaged("setting", "translator.json", b'{"beam_size": "x"}'), r"setting/translator.json: beam_size must be an integer >= 1. Received: beam_size='x'"),
+    ):
+        with pytest.raises(SystemExit, match=f"^error: .*{message}"):
+            cli.main(["translate", "--model-dir", str(directory), "--input", str(tmp_path / "in.en")])
+    # A setting given now is named as given, not blamed on the file.
+    with pytest.raises(SystemExit, match=r"^error: beam_size must be an integer >= 1. Received: beam_size=0"):
+        cli.main(["translate", "--model-dir", str(model_dir), "--input", str(tmp_path / "in.en"), "--beam-size", "0"])
+    for layer in ("2", "-3"):  # the tiny model has 2 decoder blocks
+        with pytest.raises(SystemExit, match=rf"^error: The model has 2 decoder blocks, so layer must be an integer from -2 to 1 \(-1 is the last\). Received: layer={layer}"):
+            cli.main(["plot-attention", "--model-dir", str(model_dir), "--text", "the man .", "--output", str(tmp_path / "a.png"), "--layer", layer])
+    (tmp_path / "empty.en").write_bytes(b"")
+    (tmp_path / "empty.de").write_bytes(b"")
+    with pytest.raises(SystemExit, match=r"^error: .*empty.en has no lines; expected a test set"):
+        cli.main(["evaluate", "--model-dir", str(model_dir), "--source", str(tmp_path / "empty.en"), "--reference", str(tmp_path / "empty.de")])
+    # A write that fails late (here: a full device) names the file.
+    if os.path.exists("/dev/full"):
+        with pytest.raises(SystemExit, match=r"^error: Cannot write /dev/full: No space left on device"):
+            cli.main(["translate", "--model-dir", str(model_dir), "--input", str(tmp_path / "in.en"), "--output", "/dev/full"])
+
+
 def test_cli_plot_attention_writes_a_png(model_dir, tmp_path, capsys):
     path = tmp_path / "attention.png"
     cli.main(["plot-attention", "--model-dir", str(model_dir), "--text", SENTENCES[0], "--output", str(path)])

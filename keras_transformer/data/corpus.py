@@ -3,6 +3,7 @@
 import collections.abc
 import dataclasses
 import gzip
+import json
 import logging
 
 logger = logging.getLogger("keras_transformer")
@@ -78,6 +79,24 @@ def read_lines(path):
     except (OSError, EOFError) as error:
         raise ValueError(f"Cannot read {path}: {error}") from error
     return decode_lines(raw, path)
+
+
+def describe_error(error):
+    """`Type: first line of the message`, for errors that name a bad file."""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else 'no message'}"
+
+
+def read_json_object(path):
+    """The JSON object in a settings file; errors name the file."""
+    try:
+        with open(path, "rb") as file:
+            values = json.loads(file.read())
+    except (ValueError, UnicodeDecodeError) as error:  # JSONDecodeError is a ValueError
+        raise ValueError(f"{path} is not valid JSON: {error}") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"{path} must hold a JSON object; it holds {type(values).__name__}.")
+    return values
 
 
 def decode_lines(raw, path):

@@ -8,6 +8,8 @@ import sentencepiece
 import tensorflow as tf
 import tensorflow_text
 
+from keras_transformer.data.corpus import read_json_object
+
 MODEL_FILE = "subword.model"
 CONFIG_FILE = "subword.json"
 # SentencePiece writes a space as this mark and begins every text with one
@@ -213,11 +215,19 @@ class SubwordTokenizer:
                 f"{CONFIG_FILE}) written by SubwordTokenizer.save."
             )
         with open(model_path, "rb") as file:
-            tokenizer = cls(file.read())
+            proto = file.read()
+        try:
+            tokenizer = cls(proto)
+        except RuntimeError as error:  # SentencePiece's parse failure
+            raise ValueError(
+                f"{model_path} cannot be read as a SentencePiece model "
+                f"({str(error).strip().splitlines()[0]}). Expected the file "
+                "SubwordTokenizer.save writes; it may be truncated or "
+                "overwritten."
+            ) from None
         config_path = os.path.join(directory, CONFIG_FILE)
         if os.path.isfile(config_path):
-            with open(config_path) as file:
-                config = json.load(file)
+            config = read_json_object(config_path)
             if config.get("vocabulary_size") != tokenizer.vocabulary_size:
                 raise ValueError(
                     f"{config_path} says vocabulary_size="

@@ -25,6 +25,13 @@ def cross_attention_map(translator, text, layer=-1):
         `[len(target_pieces), len(source_pieces)]` weights averaged over
         heads. Row t is the query that predicted target piece t.
     """
+    blocks = translator.model.num_layers
+    if isinstance(layer, bool) or not isinstance(layer, int) or not -blocks <= layer < blocks:
+        raise ValueError(
+            f"The model has {blocks} decoder blocks, so layer must be an "
+            f"integer from {-blocks} to {blocks - 1} (-1 is the last). "
+            f"Received: layer={layer!r}"
+        )
     found = translator.search([text])
     if not found:
         raise ValueError(

@@ -3,12 +3,15 @@
 import json
 import os
 import warnings
+import zipfile
 
 import keras
 import numpy as np
 import tensorflow as tf
 from keras import ops
 
+from keras_transformer.data.corpus import describe_error
+from keras_transformer.data.corpus import read_json_object
 from keras_transformer.data.pipeline import bucket_lengths
 from keras_transformer.data.tokenizer import SubwordTokenizer
 from keras_transformer.decoding.beam_search import beam_search
@@ -369,9 +372,27 @@ class Translator:
         config = {}
         config_path = os.path.join(directory, CONFIG_FILE)
         if os.path.isfile(config_path):
-            with open(config_path) as f:
-                config = json.load(f)
+            config = read_json_object(config_path)
         config.update(overrides)
-        model = keras.saving.load_model(model_path, compile=False)
+        try:
+            model = keras.saving.load_model(model_path, compile=False)
+        except Exception as error:  # noqa: BLE001 - any unreadable file
+            # Keras says "File not found" for a file that is not a zip.
+            reason = (
+                "not a zip archive"
+                if not zipfile.is_zipfile(model_path)
+                else describe_error(error)
+            )
+            raise ValueError(
+                f"{model_path} cannot be read as a Keras model ({reason}). "
+                "Expected the .keras file Translator.save writes; it may be "
+                "truncated or overwritten."
+            ) from None
         tokenizer = SubwordTokenizer.load(directory)
-        return cls(model, tokenizer, **config)
+        try:
+            return cls(model, tokenizer, **config)
+        except (TypeError, ValueError) as error:
+            if any(f"{name}=" in str(error) for name in overrides):
+                raise
+            # A setting saved in the file, not one given now.
+            raise type(error)(f"{config_path}: {error}") from None

@@ -8,6 +8,8 @@ import warnings
 import keras
 import numpy as np
 
+from keras_transformer.data.corpus import describe_error
+
 CHECKPOINT_PATTERN = "ckpt-{step:08d}.keras"
 CHECKPOINT_NAME = re.compile(r"ckpt-(\d+)\.keras")
 # A checkpoint is written under this prefix, then renamed: hidden, and not
@@ -108,7 +110,7 @@ def restore_latest(model, directory):
             restored, restored_from = keras.saving.load_model(path), path
             break
         except Exception as error:  # noqa: BLE001 - any unreadable file
-            unreadable[path] = f"{type(error).__name__}: {_first_line(error)}"
+            unreadable[path] = describe_error(error)
     reasons = "; ".join(f"{path} ({why})" for path, why in unreadable.items())
     if restored is None:
         if checkpoints:
@@ -144,11 +146,6 @@ def restore_latest(model, directory):
             + ", ".join(f"{k}={a!r} vs {b!r}" for k, (a, b) in differences.items())
         )
     return restored
-
-
-def _first_line(error):
-    text = str(error).strip()
-    return text.splitlines()[0] if text else "no message"
 
 
 def _architecture(model):

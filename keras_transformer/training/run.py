@@ -27,6 +27,7 @@ import time
 import keras
 
 from keras_transformer.data.corpus import concatenate
+from keras_transformer.data.corpus import read_json_object
 from keras_transformer.data.corpus import read_parallel_text
 from keras_transformer.data.pipeline import make_dataset
 from keras_transformer.data.tokenizer import MODEL_FILE as VOCABULARY_FILE
@@ -262,14 +263,7 @@ class TrainingConfig:
                 f"No training configuration at {path}: expected the {CONFIG_FILE} "
                 "that a training run writes into its model directory."
             )
-        try:
-            with open(path) as file:
-                values = json.load(file)
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise ValueError(f"{path} is not valid JSON: {error}") from None
-        if not isinstance(values, dict):
-            raise ValueError(f"{path} must hold a JSON object; it holds {type(values).__name__}.")
-        return cls.from_dict(values, source=path)
+        return cls.from_dict(read_json_object(path), source=path)
 
 
 def _write_atomically(path, text):
