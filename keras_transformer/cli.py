@@ -126,14 +126,23 @@ def plot_attention(args):
 def export(args):
     from keras_transformer.export import export_new_version
     from keras_transformer.export import export_saved_model
+    from keras_transformer.export.saved_model import DEFAULT_MAX_REQUEST_TOKENS
 
     translator = _load_translator(args)
+    limit = args.max_request_tokens
+    if limit is None:
+        limit = DEFAULT_MAX_REQUEST_TOKENS
     if args.output:
-        path = export_saved_model(translator, args.output)
+        path = export_saved_model(translator, args.output, limit)
     else:
         name = args.name or os.path.basename(os.path.normpath(args.model_dir))
-        path = export_new_version(translator, name, base_dir=args.base_dir)
-    print(f"Exported a SavedModel to {path} (beam {translator.beam_size}, alpha {translator.alpha})")
+        path = export_new_version(
+            translator, name, base_dir=args.base_dir, max_request_tokens=limit
+        )
+    print(
+        f"Exported a SavedModel to {path} (beam {translator.beam_size}, alpha "
+        f"{translator.alpha}, at most {limit} source tokens per request)"
+    )
 
 
 def _add_train_arguments(parser):
@@ -298,6 +307,11 @@ def main(argv=None):
         "--base-dir", default="saved_models", help="TF Serving's model base path (default: saved_models)"
     )
     command.add_argument("--output", help="export to exactly this directory instead of a new version")
+    command.add_argument(
+        "--max-request-tokens", type=int,
+        help="the most source tokens one request may hold, each text counted up to "
+        "the translator's max_source_length (default: 8192)",
+    )
     command.set_defaults(run=export)
 
     args = parser.parse_args(argv)

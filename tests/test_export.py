@@ -39,9 +39,13 @@ def translator(model, tokenizer):  # noqa: F811
     return kt.Translator(model, tokenizer, **SETTINGS)
 
 
+# Room for 8 full rows of max_source_length=24 tokens.
+MAX_REQUEST_TOKENS = 192
+
+
 @pytest.fixture(scope="module")
 def exported(translator, tmp_path_factory):
-    return export_saved_model(translator, tmp_path_factory.mktemp("export") / "1")
+    return export_saved_model(translator, tmp_path_factory.mktemp("export") / "1", MAX_REQUEST_TOKENS)
 
 
 @pytest.fixture(scope="module")
@@ -163,6 +167,30 @@ def test_bad_rows_get_per_row_results(served, translator):
 
     translations, scores = serve(served, tf.constant([], tf.string))
     assert translations == [] and scores.shape == (0,)
+
+
+def test_a_request_costs_at_most_its_bounds(exported, served, translator):
+    with open(os.path.join(exported, "assets", "translator.json")) as file:
+        settings = json.load(file)
+    assert settings["max_request_tokens"] == MAX_REQUEST_TOKENS
+    assert settings["max_source_bytes"] >= 2 * 24
+    long_line = " ".join([SENTENCES[3]] * 40)
+    # A 10 MB string is cut before it is tokenized: it costs what a line of
+    # max_source_bytes costs, and translates as the line does.
+    huge = (long_line + " ") * (10 * 2**20 // (len(long_line) + 1))
+    assert serve(served, [huge])[0] == serve(served, [long_line])[0]
+    # Rows times length: 8 full rows fit, a ninth is refused, saying why,
+    # through both signatures. Short rows count as short.
+    assert len(serve(served, [long_line] * 8)[0]) == 8
+    assert len(serve(served, [SENTENCES[4]] * 30)[0]) == 30
+    message = r"more source tokens than this export translates at once: max_request_tokens=192, counting each text up to max_source_length=24"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        serve(served, [long_line] * 9)
+    ids = translator.tokenizer.tokenize([long_line] * 9).to_tensor()
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        served.signatures["translate_ids"](source_ids=ids)
+    with pytest.raises(ValueError, match=r"max_request_tokens must be an integer >= max_source_length=24, so that one full row fits. Received: max_request_tokens=10"):
+        export_saved_model(translator, os.path.join(os.path.dirname(exported), "2"), 10)
 
 
 def test_a_predict_request_round_trips_through_the_signature(served, translator):

@@ -20,6 +20,7 @@ import sys
 import tempfile
 
 import keras
+import sentencepiece
 import tensorflow as tf
 import tensorflow_text
 
@@ -33,12 +34,14 @@ SUBWORD_ASSET = "subword.model"
 SETTINGS_ASSET = "translator.json"
 # An export in progress: hidden from TF Serving, which loads numbered folders.
 PARTIAL_PREFIX = ".partial-"
+# The most source tokens one request may hold: 32 rows of 256 tokens.
+DEFAULT_MAX_REQUEST_TOKENS = 8192
 
 # Python's str.isspace(), in RE2: the Translator's "blank line" test.
 _BLANK = r"[\s\x{0B}\x{1C}-\x{1F}\x{85}\p{Z}]*"
 
 
-def export_saved_model(translator, path):
+def export_saved_model(translator, path, max_request_tokens=DEFAULT_MAX_REQUEST_TOKENS):
     """Writes `translator` as a SavedModel that TF Serving can load.
 
     Signatures:
@@ -58,9 +61,21 @@ def export_saved_model(translator, path):
     failing the batch, which a server may have assembled from several
     clients' requests. An empty batch gives empty outputs.
 
+    The cost of a request is bounded, so that one request cannot take a
+    server down. Each text is cut to `max_source_bytes` bytes before it is
+    tokenized (twice what `max_source_length` tokens can span: the tokens
+    kept are unchanged, unless the cut falls inside one word that long),
+    and a request's source tokens, each row counted up
+    to `max_source_length`, may total at most `max_request_tokens`; past
+    that the request fails with INVALID_ARGUMENT, saying so, before any
+    decoding. Each row's output is at most its length plus
+    `max_extra_length` tokens. With TF Serving's request batching, a merged
+    batch is one request: keep `max_batch_size` times `max_source_length`
+    within `max_request_tokens` (saved_models/README.md).
+
     The SentencePiece model is stored in `assets/subword.model` (for
-    clients of `translate_ids`) and the search settings in
-    `assets/translator.json`.
+    clients of `translate_ids`) and the search settings, with both bounds,
+    in `assets/translator.json`.
 
     Under JAX or torch the export runs in a TensorFlow-backend subprocess
     that loads the translator's saved model file. The graph is not
@@ -70,32 +85,44 @@ def export_saved_model(translator, path):
     Args:
         translator: a `keras_transformer.Translator`.
         path: the directory to create; it must not exist or be empty.
+        max_request_tokens: the most source tokens one request may hold
+            (`DEFAULT_MAX_REQUEST_TOKENS`: 32 rows of 256 tokens).
 
     Returns:
         `path`.
     """
     path = os.fspath(path)
+    if (
+        isinstance(max_request_tokens, bool)
+        or not isinstance(max_request_tokens, int)
+        or max_request_tokens < translator.max_source_length
+    ):
+        raise ValueError(
+            "max_request_tokens must be an integer >= max_source_length="
+            f"{translator.max_source_length}, so that one full row fits. "
+            f"Received: max_request_tokens={max_request_tokens!r}"
+        )
     if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
         raise FileExistsError(
             f"Will not export into {path!r}: it exists and is not an empty "
             "directory. Choose a new path, or use export_new_version()."
         )
     if keras.backend.backend() == "tensorflow":
-        _write_saved_model(translator, path)
+        _write_saved_model(translator, path, max_request_tokens)
     else:
-        _export_in_tensorflow_process(translator, path)
+        _export_in_tensorflow_process(translator, path, max_request_tokens)
     return path
 
 
-def _write_saved_model(translator, path):
+def _write_saved_model(translator, path, max_request_tokens):
     with tempfile.TemporaryDirectory() as assets:
         subword_file = os.path.join(assets, SUBWORD_ASSET)
         with open(subword_file, "wb") as file:
             file.write(translator.tokenizer.proto)
         settings_file = os.path.join(assets, SETTINGS_ASSET)
         with open(settings_file, "w") as file:
-            json.dump(_settings(translator), file, indent=2)
-        module = _serving_module(translator, subword_file, settings_file)
+            json.dump(_settings(translator, max_request_tokens), file, indent=2)
+        module = _serving_module(translator, subword_file, settings_file, max_request_tokens)
         tf.saved_model.save(
             module,
             path,
@@ -106,10 +133,12 @@ def _write_saved_model(translator, path):
         )
 
 
-def _settings(translator):
+def _settings(translator, max_request_tokens):
     tokenizer = translator.tokenizer
     return {
         **translator.get_config(),
+        "max_source_bytes": max_source_bytes(translator),
+        "max_request_tokens": max_request_tokens,
         "vocabulary_size": tokenizer.vocabulary_size,
         "padding_id": tokenizer.padding_id,
         "bos_id": tokenizer.bos_id,
@@ -121,7 +150,19 @@ def _settings(translator):
     }
 
 
-def _serving_module(translator, subword_file, settings_file):
+def max_source_bytes(translator):
+    """The bytes a text is cut to before tokenizing: twice what
+    `max_source_length` pieces of the vocabulary's longest piece (in UTF-8)
+    can span, so that the first `max_source_length` tokens stay as they
+    were, unless the cut falls inside a word that long."""
+    processor = sentencepiece.SentencePieceProcessor(model_proto=translator.tokenizer.proto)
+    longest = max(
+        len(processor.id_to_piece(i).encode("utf-8")) for i in range(processor.vocab_size())
+    )
+    return 2 * translator.max_source_length * longest
+
+
+def _serving_module(translator, subword_file, settings_file, max_request_tokens):
     """A `tf.Module` holding the weights, the tokenizer and both functions."""
     model = translator.model
     tokenizer = translator.tokenizer
@@ -129,6 +170,7 @@ def _serving_module(translator, subword_file, settings_file):
     eos_id = tokenizer.eos_id
     max_source_length = translator.max_source_length
     source_lengths = tf.constant(bucket_lengths(max_source_length, step=1.5), tf.int32)
+    byte_limit = max_source_bytes(translator)
 
     module = tf.Module()
     module.tokenizer = tensorflow_text.SentencepieceTokenizer(
@@ -159,6 +201,18 @@ def _serving_module(translator, subword_file, settings_file):
         sources = tf.gather(source_ids, rows)[:, : max_source_length - 1]
         sources = tf.concat([sources, tf.fill([count, 1], eos_id)], axis=1)
         lengths = tf.cast(sources.row_lengths(), tf.int32)
+        within_budget = tf.debugging.assert_less_equal(
+            tf.reduce_sum(lengths),
+            max_request_tokens,
+            message=(
+                f"The request holds more source tokens than this export "
+                f"translates at once: max_request_tokens={max_request_tokens}, "
+                f"counting each text up to max_source_length={max_source_length} "
+                "tokens with its EOS. Split it into smaller requests. Received:"
+            ),
+        )
+        with tf.control_dependencies([within_budget]):
+            lengths = tf.identity(lengths)
         # The Translator's source buckets, so both decode the same shapes.
         longest = tf.reduce_max(tf.concat([lengths, [1]], axis=0))
         width = tf.gather(source_lengths, tf.searchsorted(source_lengths, [longest]))[0]
@@ -181,6 +235,9 @@ def _serving_module(translator, subword_file, settings_file):
         input_signature=[tf.TensorSpec([None], tf.string, name="text")], autograph=False
     )
     def translate_text(text):
+        # Cut before tokenizing, so a huge string costs no more than a long
+        # one; a character cut in two becomes U+FFFD below.
+        text = tf.strings.substr(text, 0, byte_limit, unit="BYTE")
         text = tf.strings.unicode_transcode(
             text, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
         )
@@ -226,12 +283,13 @@ def _serving_module(translator, subword_file, settings_file):
     return module
 
 
-def _export_in_tensorflow_process(translator, path):
+def _export_in_tensorflow_process(translator, path, max_request_tokens):
     with tempfile.TemporaryDirectory() as saved:
         translator.save(saved)
         command = [
             sys.executable, "-m", "keras_transformer", "export",
             "--model-dir", saved, "--output", os.path.abspath(path),
+            "--max-request-tokens", str(max_request_tokens),
         ]  # fmt: skip
         environment = {**os.environ, "KERAS_BACKEND": "tensorflow"}
         result = subprocess.run(command, env=environment, capture_output=True, text=True)
@@ -242,7 +300,9 @@ def _export_in_tensorflow_process(translator, path):
         )
 
 
-def export_new_version(translator, name, base_dir="saved_models"):
+def export_new_version(
+    translator, name, base_dir="saved_models", max_request_tokens=DEFAULT_MAX_REQUEST_TOKENS
+):
     """Exports into TF Serving's layout, `<base_dir>/<name>/<version>/`.
 
     The version is one more than the highest existing one (1 for the first
@@ -252,6 +312,8 @@ def export_new_version(translator, name, base_dir="saved_models"):
     export killed midway (kill -9, a lost machine) leaves a folder that the
     next export on this machine removes, while the folder of an export still
     running is left alone.
+
+    `max_request_tokens` is `export_saved_model`'s.
 
     Returns:
         The new version's directory.
@@ -267,7 +329,7 @@ def export_new_version(translator, name, base_dir="saved_models"):
     partial = tempfile.mkdtemp(prefix=f"{PARTIAL_PREFIX}{os.getpid()}-", dir=model_base)
     try:
         shutil.rmtree(partial)
-        export_saved_model(translator, partial)
+        export_saved_model(translator, partial, max_request_tokens)
         while True:
             target = os.path.join(model_base, str(_latest_version(model_base) + 1))
             try:
