@@ -136,13 +136,17 @@ def check_model_inputs(inputs, vocabulary_size):
     Returns:
         `inputs`, with the ids carrying the graph checks under TensorFlow.
     """
-    if not isinstance(inputs, dict) or set(inputs) != set(INPUT_NAMES):
+    if not isinstance(inputs, dict) or set(inputs) != set(INPUT_NAMES) or _inferring_shapes():
         return inputs
     checked = {}
     for name in INPUT_NAMES:
         ids = inputs[name]
-        if not hasattr(ids, "dtype") or not hasattr(ids, "shape"):
+        if isinstance(ids, (list, tuple)):
             ids = np.asarray(ids)
+        if not hasattr(ids, "dtype") or not hasattr(ids, "shape"):
+            # Per-replica values under tf.distribute: each replica's call
+            # checks its own.
+            return inputs
         dtype = keras.backend.standardize_dtype(ids.dtype)
         if "int" not in dtype:
             raise TypeError(
@@ -205,6 +209,17 @@ def _check_dynamic_shapes(inputs):
     ]
     with tf.control_dependencies(assertions):
         return {name: tf.identity(inputs[name]) for name in INPUT_NAMES}
+
+
+def _inferring_shapes():
+    """Whether Keras runs the model on placeholders to learn its output
+    shapes (`compute_output_spec`). Their values are not the data's: under
+    tf.distribute, Keras builds from the replicas' mean, a float batch."""
+    try:
+        from keras.src.backend.common.symbolic_scope import in_symbolic_scope
+    except ImportError:  # a Keras that moved it: check the placeholders too
+        return False
+    return in_symbolic_scope()
 
 
 def check_model_data(x, vocabulary_size):
