@@ -1,4 +1,6 @@
-"""Checks on token ids. This module knows the backend, so the layers need not.
+"""Checks on what a user gives the model: token ids and their types and
+shapes, and how errors about files are worded. This module knows the
+backend, so the layers need not.
 
 An id outside the vocabulary is not an error on every backend: a gather on a
 GPU or under JAX returns zeros or clamps silently, and torch fails with
@@ -10,6 +12,12 @@ import functools
 
 import keras
 import numpy as np
+
+
+def describe_error(error):
+    """`Type: first line of the message`, for errors that name a bad file."""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else 'no message'}"
 
 
 def _raise_if_out_of_range(ids, vocabulary_size, input_name):
@@ -136,8 +144,10 @@ def check_model_inputs(inputs, vocabulary_size):
     Returns:
         `inputs`, with the ids carrying the graph checks under TensorFlow.
     """
-    if not isinstance(inputs, dict) or set(inputs) != set(INPUT_NAMES) or _inferring_shapes():
+    if not isinstance(inputs, dict) or set(inputs) != set(INPUT_NAMES):
         return inputs
+    # Placeholders stand for the data's shapes, not its types or values.
+    placeholders = _inferring_shapes()
     checked = {}
     for name in INPUT_NAMES:
         ids = inputs[name]
@@ -148,7 +158,7 @@ def check_model_inputs(inputs, vocabulary_size):
             # checks its own.
             return inputs
         dtype = keras.backend.standardize_dtype(ids.dtype)
-        if "int" not in dtype:
+        if "int" not in dtype and not placeholders:
             raise TypeError(
                 f"`{name}` must hold integer token ids. Received dtype "
                 f"{dtype}, which would be cut to integers (5.7 read as 5)."
@@ -163,7 +173,7 @@ def check_model_inputs(inputs, vocabulary_size):
                 f"`{name}` must hold at least one token per row (source + EOS, "
                 f"or BOS + target). Received shape {tuple(ids.shape)}."
             )
-        if dtype in _WIDER_THAN_INT32:
+        if dtype in _WIDER_THAN_INT32 and not placeholders:
             if isinstance(ids, np.ndarray):
                 _raise_if_out_of_range(ids, vocabulary_size, name)
             elif not isinstance(ids, keras.KerasTensor):
@@ -213,8 +223,9 @@ def _check_dynamic_shapes(inputs):
 
 def _inferring_shapes():
     """Whether Keras runs the model on placeholders to learn its output
-    shapes (`compute_output_spec`). Their values are not the data's: under
-    tf.distribute, Keras builds from the replicas' mean, a float batch."""
+    shapes (`compute_output_spec`). They have the data's shapes but not
+    always its type: under tf.distribute, Keras builds from the replicas'
+    mean, a float batch."""
     try:
         from keras.src.backend.common.symbolic_scope import in_symbolic_scope
     except ImportError:  # a Keras that moved it: check the placeholders too

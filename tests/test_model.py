@@ -256,3 +256,8 @@ def test_a_dataset_of_bad_inputs_fails_clearly_as_it_runs(model, batch, case):
         model.fit(dataset, shuffle=False, verbose=0)
     with pytest.raises(TypeError, match=r"`source_ids` must hold integer token ids. Received a dataset of dtype float32"):
         model.fit(dataset.map(lambda x, y: ({k: tf.cast(v, tf.float32) for k, v in x.items()}, y)), shuffle=False, verbose=0)
+    # A Python generator reaches the model only inside the compiled step
+    # (JAX's trainer calls `call` itself, past `__call__`).
+    floats = ({k: v.astype("float32") for k, v in batch.items()}, batch["target_ids"])
+    with pytest.raises(TypeError, match=r"`source_ids` must hold integer token ids. Received dtype float32"):
+        model.fit((floats for _ in range(2)), steps_per_epoch=1, verbose=0)

@@ -81,12 +81,6 @@ def read_lines(path):
     return decode_lines(raw, path)
 
 
-def describe_error(error):
-    """`Type: first line of the message`, for errors that name a bad file."""
-    text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0] if text else 'no message'}"
-
-
 def read_json_object(path):
     """The JSON object in a settings file; errors name the file."""
     try:

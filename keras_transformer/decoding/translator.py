@@ -10,7 +10,7 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
-from keras_transformer.data.corpus import describe_error
+from keras_transformer.checks import describe_error
 from keras_transformer.data.corpus import read_json_object
 from keras_transformer.data.pipeline import bucket_lengths
 from keras_transformer.data.tokenizer import SubwordTokenizer

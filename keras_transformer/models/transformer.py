@@ -227,6 +227,11 @@ class Transformer(keras.Model):
         inputs = check_model_inputs(inputs, self.vocabulary_size)
         return super().__call__(inputs, *args, **kwargs)
 
+    def call(self, inputs, training=None, mask=None, **kwargs):
+        # JAX's trainer runs `stateless_call`, which calls `call` directly.
+        inputs = check_model_inputs(inputs, self.vocabulary_size)
+        return super().call(inputs, training=training, mask=mask, **kwargs)
+
     def fit(self, x=None, *args, **kwargs):
         return super().fit(check_model_data(x, self.vocabulary_size), *args, **kwargs)
 

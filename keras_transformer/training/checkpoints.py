@@ -8,7 +8,7 @@ import warnings
 import keras
 import numpy as np
 
-from keras_transformer.data.corpus import describe_error
+from keras_transformer.checks import describe_error
 
 CHECKPOINT_PATTERN = "ckpt-{step:08d}.keras"
 CHECKPOINT_NAME = re.compile(r"ckpt-(\d+)\.keras")
