@@ -1,0 +1,629 @@
+"""Training speed of our Transformer beside keras-hub's and torch's, in one process.
+
+    KERAS_BACKEND=jax python benchmarks/training_speed.py --size small \
+        --precision mixed_bfloat16 --out benchmarks/results/speed.json
+
+Three contenders of the same size train on the same random token ids:
+
+- `ours`: `build_transformer`, compiled with `training.compile_model` (the
+  paper's Adam, schedule and label smoothing), trained with `fit`;
+- `keras_hub`: the same architecture built from keras-hub's
+  `TransformerEncoder` and `TransformerDecoder` (shared embeddings, sinusoidal
+  positions, post-LN), compiled and trained the same way; skipped with the
+  reason printed when keras-hub does not import;
+- `torch`: `torch.nn.Transformer` with a shared embedding, the same loss and
+  Adam, in eager PyTorch (autocast for mixed_bfloat16); skipped when torch
+  does not import. It runs whatever the Keras backend.
+
+After a warm-up (whose first step, compilation included, is timed on its
+own), the contenders take turns, `--rounds` times, each training `--steps`
+steps per turn; the order rotates every round, so that the machine's drift
+falls on all of them alike. A turn is timed up to the device finishing its
+last step. Reported per contender: target tokens per second (the median over
+turns), the warm-up, the peak memory, and the model FLOPs utilisation: the
+matmul FLOPs of a training step (forward 2*m*n*k per matmul, attention scores
+and values and the output projection included; backward twice the forward)
+per second, over the matmul rate measured in the same run with a large
+matmul in the same dtype through the same framework. `--size tiny` with
+`--steps 1 --rounds 1` is the smoke test's seconds-long run.
+"""
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+import types
+
+# JAX takes 75% of the GPU when it starts; leave room for the torch
+# contender, which runs in the same process.
+os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5")
+
+SIZES = {
+    # Not a preset: the contenders' common ground is one layer count for
+    # both stacks and d_ff = 4 * d_model.
+    "tiny": {"num_layers": 1, "d_model": 32, "num_heads": 2, "vocabulary_size": 100,
+             "batch_size": 2, "length": 8},
+    "small": {"num_layers": 3, "d_model": 256, "num_heads": 4, "vocabulary_size": 8000,
+              "batch_size": 64, "length": 32},
+    "base": {"num_layers": 6, "d_model": 512, "num_heads": 8, "vocabulary_size": 32000,
+             "batch_size": 32, "length": 32},
+}
+DROPOUT = 0.1
+LABEL_SMOOTHING = 0.1
+WARMUP_STEPS = 4000
+FIRST_ID = 4  # ids below are padding and special tokens
+
+
+def import_package():
+    """`build_transformer` and `compile_model`, also where TensorFlow is absent.
+
+    The package's `__init__` imports the TensorFlow input pipeline; the model
+    and `compile_model` need Keras alone. Without TensorFlow (the GPU machine
+    this project is lent has none), the two modules are imported from a bare
+    package object instead.
+    """
+    try:
+        import keras_transformer as kt
+
+        return kt.build_transformer, kt.training.compile_model
+    except ModuleNotFoundError as error:
+        if not (error.name or "").startswith("tensorflow"):
+            raise
+    import importlib.util
+
+    root = importlib.util.find_spec("keras_transformer").submodule_search_locations[0]
+    for name in [n for n in sys.modules if n.split(".")[0] == "keras_transformer"]:
+        del sys.modules[name]
+    for name in ("keras_transformer", "keras_transformer.training"):
+        package = types.ModuleType(name)
+        package.__path__ = [os.path.join(root, *name.split(".")[1:])]
+        sys.modules[name] = package
+    from keras_transformer.models import build_transformer
+    from keras_transformer.training.trainer import compile_model
+
+    return build_transformer, compile_model
+
+
+build_transformer, compile_model = import_package()
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def matmul_flops(num_layers, d_model, vocabulary_size, batch_size, length, **_):
+    """Matmul FLOPs of one training step: 3x the forward pass (backward = 2x).
+
+    Per attention of `queries` positions over `keys` positions: the Q and
+    output projections (2 * q * d * d each), the K and V projections
+    (2 * k * d * d each), the scores QK^T and the weighted values
+    (2 * q * k * d each). The causal mask is not subtracted: the full T x T
+    scores are computed. Embedding lookups are gathers, not counted.
+    """
+    d, d_ff = d_model, 4 * d_model
+
+    def attention(queries, keys):
+        return 2 * batch_size * (2 * queries * d * d + 2 * keys * d * d + 2 * queries * keys * d)
+
+    def feed_forward(positions):
+        return 2 * 2 * batch_size * positions * d * d_ff
+
+    encoder = attention(length, length) + feed_forward(length)
+    decoder = attention(length, length) + attention(length, length) + feed_forward(length)
+    logits = 2 * batch_size * length * d * vocabulary_size
+    return 3 * (num_layers * (encoder + decoder) + logits)
+
+
+# === The backend: device, synchronisation, memory ===
+
+
+def keras_device():
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        return jax.devices()[0].platform, jax.devices()[0].device_kind
+    if backend == "torch":
+        import torch
+
+        if torch.cuda.is_available():
+            return "gpu", torch.cuda.get_device_name(0)
+        return "cpu", platform.processor() or "cpu"
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        return "gpu", tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
+    return "cpu", platform.processor() or "cpu"
+
+
+def wait_for(tensor):
+    """Blocks until the device has computed `tensor`, reading one element."""
+    keras.ops.convert_to_numpy(keras.ops.reshape(tensor, (-1,))[:1])
+
+
+class PeakMemory:
+    """The peak of a contender's allocator, as far as each framework can say.
+
+    The peak is that of the whole allocator: it includes the weights and
+    optimizer state of the other contenders on the same allocator, since all
+    are built before the first warm-up. torch and TensorFlow GPUs reset it
+    before each contender's turn; JAX cannot reset its, so its figure is the
+    process's peak up to the end of that contender's turns; on a CPU, the
+    process's maximum resident set, likewise cumulative.
+    """
+
+    def __init__(self, framework, device):
+        self.framework = framework
+        self.device = device
+
+    @property
+    def note(self):
+        if self.device != "gpu":
+            return "process max RSS (cumulative)"
+        if self.framework == "jax":
+            return "JAX peak_bytes_in_use (cumulative: JAX cannot reset it)"
+        if self.framework == "torch":
+            return "torch.cuda.max_memory_allocated (reset per contender)"
+        return "TensorFlow GPU peak (reset per contender)"
+
+    def reset(self):
+        if self.device != "gpu":
+            return
+        if self.framework == "torch":
+            import torch
+
+            torch.cuda.reset_peak_memory_stats()
+        elif self.framework == "tensorflow":
+            import tensorflow as tf
+
+            tf.config.experimental.reset_memory_stats("GPU:0")
+
+    def read(self):
+        if self.device != "gpu":
+            # ru_maxrss is in KiB on Linux, in bytes on macOS.
+            scale = 1 if sys.platform == "darwin" else 1024
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+        if self.framework == "jax":
+            import jax
+
+            return (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")
+        if self.framework == "torch":
+            import torch
+
+            return torch.cuda.max_memory_allocated()
+        import tensorflow as tf
+
+        return tf.config.experimental.get_memory_info("GPU:0")["peak"]
+
+
+def timed_matmul_rate(multiply, make_operand, wait, size, repeats, rounds=5):
+    """FLOP/s of `size`^3 matmuls, the median of `rounds` runs of `repeats`."""
+    a, b = make_operand(size, 0), make_operand(size, 1)
+    wait(multiply(a, b))
+    rates = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(repeats):
+            product = multiply(a, b)
+        wait(product)
+        rates.append(2 * size**3 * repeats / (time.perf_counter() - start))
+    return statistics.median(rates)
+
+
+def keras_matmul_rate(dtype, size, repeats):
+    def make_operand(size, seed):
+        return keras.random.normal((size, size), dtype=dtype, seed=seed)
+
+    return timed_matmul_rate(keras.ops.matmul, make_operand, wait_for, size, repeats)
+
+
+# === Contenders ===
+
+
+class KerasContender:
+    """A compiled Keras model, trained with `fit` on fixed batches."""
+
+    def __init__(self, name, model, inputs, labels, batch_size):
+        self.name = name
+        self.model = model
+        self.inputs = inputs
+        self.labels = labels
+        self.batch_size = batch_size
+        self.parameters = model.count_params()
+
+    def train(self, steps):
+        rows = steps * self.batch_size
+        # `fit` returns once the device has finished: it reads the last logs.
+        self.model.fit(
+            {key: value[:rows] for key, value in self.inputs.items()},
+            self.labels[:rows],
+            batch_size=self.batch_size, epochs=1, verbose=0, shuffle=False,
+        )
+
+
+def keras_hub_transformer(vocabulary_size, num_layers, d_model, num_heads, dtype):
+    """Our architecture from keras-hub's layers, as a Functional model."""
+    import keras_hub
+
+    source_ids = keras.Input(shape=(None,), dtype="int32", name="source_ids")
+    target_ids = keras.Input(shape=(None,), dtype="int32", name="target_ids")
+    embedding = keras_hub.layers.ReversibleEmbedding(
+        vocabulary_size, d_model, tie_weights=True, dtype=dtype, name="token_embedding"
+    )
+    position_encoding = keras_hub.layers.SinePositionEncoding(dtype=dtype)
+
+    def embed(ids, name):
+        x = embedding(ids) * math.sqrt(d_model)
+        x = x + position_encoding(x)
+        return keras.layers.Dropout(DROPOUT, dtype=dtype, name=f"{name}_dropout")(x)
+
+    block_arguments = {
+        "intermediate_dim": 4 * d_model,
+        "num_heads": num_heads,
+        "dropout": DROPOUT,
+        "normalize_first": False,
+        "layer_norm_epsilon": 1e-6,
+        "dtype": dtype,
+    }
+    source_mask = keras.ops.not_equal(source_ids, 0)
+    target_mask = keras.ops.not_equal(target_ids, 0)
+    x = embed(source_ids, "source")
+    for i in range(num_layers):
+        x = keras_hub.layers.TransformerEncoder(**block_arguments, name=f"encoder_{i}")(
+            x, padding_mask=source_mask
+        )
+    y = embed(target_ids, "target")
+    for i in range(num_layers):
+        y = keras_hub.layers.TransformerDecoder(**block_arguments, name=f"decoder_{i}")(
+            y, x, decoder_padding_mask=target_mask, encoder_padding_mask=source_mask
+        )
+    logits = keras.ops.cast(embedding(y, reverse=True), "float32")
+    model = keras.Model({"source_ids": source_ids, "target_ids": target_ids}, logits)
+    # `compile_model` reads the schedule's d_model from the model.
+    model.d_model = d_model
+    return model
+
+
+class TorchContender:
+    """`torch.nn.Transformer` with a shared embedding, trained in eager mode."""
+
+    def __init__(self, size, precision, inputs, labels):
+        import torch
+
+        self.torch = torch
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.name = "torch"
+        self.batch_size = size["batch_size"]
+        self.model = _torch_transformer(size).to(self.device)
+        self.parameters = sum(p.numel() for p in self.model.parameters())
+        self.autocast_dtype = torch.bfloat16 if precision == "mixed_bfloat16" else None
+        d_model = size["d_model"]
+        self.optimizer = torch.optim.Adam(
+            self.model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9
+        )
+        # The paper's schedule, as in `compile_model`.
+        self.schedule = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lambda step: d_model**-0.5 * min((step + 1) ** -0.5, (step + 1) * WARMUP_STEPS**-1.5),
+        )
+        self.source = torch.from_numpy(inputs["source_ids"]).long()
+        self.target = torch.from_numpy(inputs["target_ids"]).long()
+        self.labels = torch.from_numpy(labels).long()
+
+    def train(self, steps):
+        torch = self.torch
+        self.model.train()
+        for step in range(steps):
+            rows = slice(step * self.batch_size, (step + 1) * self.batch_size)
+            source = self.source[rows].to(self.device, non_blocking=True)
+            target = self.target[rows].to(self.device, non_blocking=True)
+            labels = self.labels[rows].to(self.device, non_blocking=True)
+            with torch.autocast(
+                self.device, dtype=self.autocast_dtype or torch.float32,
+                enabled=self.autocast_dtype is not None,
+            ):
+                logits = self.model(source, target)
+            loss = torch.nn.functional.cross_entropy(
+                logits.float().flatten(0, 1), labels.flatten(),
+                label_smoothing=LABEL_SMOOTHING, ignore_index=0,
+            )
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+            self.schedule.step()
+        loss.item()
+
+
+def _torch_transformer(size):
+    import torch
+
+    class SharedEmbeddingTransformer(torch.nn.Module):
+        def __init__(self, vocabulary_size, num_layers, d_model, num_heads, **_):
+            super().__init__()
+            self.d_model = d_model
+            self.embedding = torch.nn.Embedding(vocabulary_size, d_model)
+            torch.nn.init.normal_(self.embedding.weight, std=d_model**-0.5)
+            self.transformer = torch.nn.Transformer(
+                d_model, num_heads, num_layers, num_layers, 4 * d_model,
+                dropout=DROPOUT, batch_first=True, norm_first=False, layer_norm_eps=1e-6,
+            )
+            self.dropout = torch.nn.Dropout(DROPOUT)
+            positions = torch.arange(512, dtype=torch.float32)[:, None]
+            even = torch.arange(0, d_model, 2, dtype=torch.float32)
+            angles = positions * 10000.0 ** (-even / d_model)
+            encoding = torch.zeros(512, d_model)
+            encoding[:, 0::2], encoding[:, 1::2] = torch.sin(angles), torch.cos(angles)
+            self.register_buffer("encoding", encoding, persistent=False)
+
+        def embed(self, ids):
+            x = self.embedding(ids) * self.d_model**0.5 + self.encoding[: ids.shape[1]]
+            return self.dropout(x)
+
+        def forward(self, source_ids, target_ids):
+            length = target_ids.shape[1]
+            # Boolean, like the padding masks: True where attention is barred.
+            causal = torch.ones(length, length, dtype=torch.bool, device=target_ids.device).triu(1)
+            y = self.transformer(
+                self.embed(source_ids), self.embed(target_ids), tgt_mask=causal,
+                src_key_padding_mask=source_ids == 0, tgt_key_padding_mask=target_ids == 0,
+                memory_key_padding_mask=source_ids == 0, tgt_is_causal=True,
+            )
+            return y @ self.embedding.weight.T
+
+    return SharedEmbeddingTransformer(**size)
+
+
+def torch_matmul_rate(precision, size, repeats):
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if precision == "mixed_bfloat16" else torch.float32
+
+    def make_operand(size, seed):
+        generator = torch.Generator(device).manual_seed(seed)
+        return torch.randn(size, size, device=device, dtype=dtype, generator=generator)
+
+    def wait(product):
+        product[0, 0].item()
+
+    return timed_matmul_rate(torch.matmul, make_operand, wait, size, repeats)
+
+
+# === The benchmark ===
+
+
+def optional_import(name):
+    """(module, None) or (None, why it does not import)."""
+    try:
+        return __import__(name), None
+    except Exception as error:  # any failure to import is a reason to skip
+        return None, f"{name} does not import: {type(error).__name__}: {error}"
+
+
+def build_contenders(args, size, inputs, labels, skipped):
+    """The contenders in turn order, with their build times."""
+    dtype = None if args.precision == "float32" else args.precision
+    architecture = {key: size[key] for key in ("vocabulary_size", "num_layers", "d_model", "num_heads")}
+    built = []
+
+    def keras_contender(name, make_model):
+        start = time.perf_counter()
+        with data_parallel_scope(args.data_parallel):
+            model = make_model()
+            compile_model(model, warmup_steps=WARMUP_STEPS, label_smoothing=LABEL_SMOOTHING)
+        contender = KerasContender(name, model, inputs, labels, size["batch_size"])
+        built.append((contender, time.perf_counter() - start))
+
+    keras_contender("ours", lambda: build_transformer(
+        "base", **architecture, d_ff=4 * size["d_model"], dropout=DROPOUT, dtype=dtype
+    ))
+    if "keras_hub" in args.contenders:
+        keras_hub, reason = optional_import("keras_hub")
+        if keras_hub is None:
+            skipped["keras_hub"] = reason
+        else:
+            keras_contender("keras_hub", lambda: keras_hub_transformer(**architecture, dtype=dtype))
+    if "torch" in args.contenders:
+        torch, reason = optional_import("torch")
+        if torch is None:
+            skipped["torch"] = reason
+        else:
+            start = time.perf_counter()
+            contender = TorchContender(size, args.precision, inputs, labels)
+            built.append((contender, time.perf_counter() - start))
+    return built
+
+
+@contextlib.contextmanager
+def data_parallel_scope(enabled):
+    """The backend's data-parallel engine over every device, when asked:
+    `keras.distribution.DataParallel` under JAX, `MirroredStrategy` under
+    TensorFlow. Keras has none for torch."""
+    backend = keras.backend.backend()
+    if not enabled:
+        yield
+    elif backend == "jax":
+        keras.distribution.set_distribution(keras.distribution.DataParallel())
+        yield
+    elif backend == "tensorflow":
+        import tensorflow as tf
+
+        with tf.distribute.MirroredStrategy().scope():
+            yield
+    else:
+        raise ValueError(
+            "--data-parallel needs KERAS_BACKEND=jax or tensorflow; Keras has "
+            f"no data parallelism for {backend}."
+        )
+
+
+def run(args):
+    size = dict(SIZES[args.size])
+    batch_size, length = size["batch_size"], size["length"]
+    rows = batch_size * args.steps
+    rng = np.random.default_rng(0)
+
+    def random_ids():
+        return rng.integers(FIRST_ID, size["vocabulary_size"], (rows, length)).astype("int32")
+
+    inputs = {"source_ids": random_ids(), "target_ids": random_ids()}
+    labels = random_ids()
+    device, device_name = keras_device()
+    keras_framework = keras.backend.backend()
+    skipped = {}
+    contenders = build_contenders(args, size, inputs, labels, skipped)
+    for name, reason in skipped.items():
+        print(f"skipped {name}: {reason}")
+
+    # The peak matmul rate, in the precision's compute dtype, per framework.
+    matmul_size, repeats = {"gpu": (8192, 10), "cpu": (1024, 3)}[device]
+    if args.size == "tiny":
+        matmul_size, repeats = 128, 2
+    compute_dtype = "bfloat16" if args.precision == "mixed_bfloat16" else "float32"
+    peak = {"keras": keras_matmul_rate(compute_dtype, matmul_size, repeats)}
+    if any(contender.name == "torch" for contender, _ in contenders):
+        peak["torch"] = torch_matmul_rate(args.precision, matmul_size, repeats)
+
+    memory = {
+        "keras": PeakMemory(keras_framework, device),
+        "torch": PeakMemory("torch", device),
+    }
+    results = {}
+    for contender, build_seconds in contenders:
+        framework = "torch" if contender.name == "torch" else "keras"
+        memory[framework].reset()
+        start = time.perf_counter()
+        contender.train(1)  # compiles, under JAX and TensorFlow
+        first_step = time.perf_counter() - start
+        contender.train(args.steps)  # the steady state, untimed
+        results[contender.name] = {
+            "framework": "torch" if framework == "torch" else keras_framework,
+            "parameters": int(contender.parameters),
+            "build_seconds": build_seconds,
+            "first_step_seconds": first_step,
+            "peak_memory_bytes": memory[framework].read(),
+            "memory_note": memory[framework].note,
+            "turn_seconds": [],
+        }
+    order = [contender for contender, _ in contenders]
+    for turn in range(args.rounds):
+        shift = turn % len(order)
+        for contender in order[shift:] + order[:shift]:
+            framework = "torch" if contender.name == "torch" else "keras"
+            memory[framework].reset()
+            start = time.perf_counter()
+            contender.train(args.steps)
+            result = results[contender.name]
+            result["turn_seconds"].append(time.perf_counter() - start)
+            peak_bytes = memory[framework].read()
+            if peak_bytes is not None:
+                result["peak_memory_bytes"] = max(result["peak_memory_bytes"] or 0, peak_bytes)
+
+    flops = matmul_flops(**size)
+    for name, result in results.items():
+        step_seconds = statistics.median(result["turn_seconds"]) / args.steps
+        framework = "torch" if name == "torch" else "keras"
+        result["step_seconds"] = step_seconds
+        result["target_tokens_per_second"] = batch_size * length / step_seconds
+        result["flops_per_second"] = flops / step_seconds
+        result["mfu"] = flops / step_seconds / peak[framework]
+    ratios = {}
+    for other in ("keras_hub", "torch"):
+        if other in results:
+            ratios[f"ours/{other}"] = (
+                results["ours"]["target_tokens_per_second"]
+                / results[other]["target_tokens_per_second"]
+            )
+    return {
+        "command": " ".join([f"KERAS_BACKEND={keras_framework}", "python", *sys.argv]),
+        "size": args.size,
+        "shape": size | {"d_ff": 4 * size["d_model"], "dropout": DROPOUT},
+        "precision": args.precision,
+        "keras_backend": keras_framework,
+        "data_parallel": args.data_parallel,
+        "device": device,
+        "device_name": device_name,
+        "versions": versions(),
+        "steps_per_turn": args.steps,
+        "rounds": args.rounds,
+        "matmul_flops_per_step": flops,
+        "peak_matmul_flops_per_second": peak,
+        "peak_matmul_size": matmul_size,
+        "contenders": results,
+        "skipped": skipped,
+        "ratios": ratios,
+    }
+
+
+def versions():
+    found = {"python": platform.python_version(), "keras": keras.__version__}
+    for name in ("jax", "torch", "tensorflow", "keras_hub"):
+        module = sys.modules.get(name)
+        if module is not None:
+            found[name] = getattr(module, "__version__", "?")
+    return found
+
+
+def markdown_table(report):
+    lines = [
+        f"{report['size']}, {report['precision']}, Keras backend {report['keras_backend']}"
+        f"{' (data parallel)' if report['data_parallel'] else ''}, {report['device_name']}; "
+        f"{report['shape']['batch_size']}x{report['shape']['length']} target tokens per step, "
+        f"{report['matmul_flops_per_step'] / 1e9:.1f} GFLOP per step; median of "
+        f"{report['rounds']} turns of {report['steps_per_turn']} steps",
+        "",
+        "| contender | parameters | target tokens/s | ms/step | MFU | ours / this | "
+        "first step (s) | peak memory (MiB) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, result in report["contenders"].items():
+        ratio = report["ratios"].get(f"ours/{name}")
+        memory = result["peak_memory_bytes"]
+        lines.append(
+            f"| {name} ({result['framework']}) | {result['parameters']:,} | "
+            f"{result['target_tokens_per_second']:,.0f} | {result['step_seconds'] * 1000:.2f} | "
+            f"{result['mfu']:.2%} | {'' if ratio is None else f'{ratio:.2f}'} | "
+            f"{result['first_step_seconds']:.1f} | "
+            f"{'n/a' if memory is None else f'{memory / 2**20:,.0f}'} |"
+        )
+    peaks = ", ".join(
+        f"{framework} {rate / 1e12:.1f} TFLOP/s" for framework, rate in report["peak_matmul_flops_per_second"].items()
+    )
+    lines += ["", f"Measured matmul peak ({report['peak_matmul_size']}^3): {peaks}."]
+    for name, reason in report["skipped"].items():
+        lines.append(f"Skipped {name}: {reason}")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", choices=sorted(SIZES), default="small",
+                        help="tiny is for smoke tests")
+    parser.add_argument("--precision", choices=["float32", "mixed_bfloat16"], default="float32")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per turn")
+    parser.add_argument("--rounds", type=int, default=5, help="turns per contender")
+    parser.add_argument("--contenders", nargs="*", default=["keras_hub", "torch"],
+                        choices=["keras_hub", "torch"], help="besides ours")
+    parser.add_argument("--data-parallel", action="store_true",
+                        help="build the Keras models under the backend's data-parallel engine")
+    parser.add_argument("--out", help="where to write the JSON report")
+    args = parser.parse_args()
+    if args.steps < 1 or args.rounds < 1:
+        parser.error(f"--steps and --rounds must be >= 1. Received: {args.steps}, {args.rounds}")
+
+    report = run(args)
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as file:
+            json.dump(report, file, indent=2)
+    print(markdown_table(report))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""The training-speed benchmark: one tiny step end to end, and contenders of
+the same size as our model."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import pytest
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "training_speed.py")
+
+
+def load_benchmark():
+    spec = importlib.util.spec_from_file_location("training_speed", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_one_tiny_step_reports_tokens_per_second(tmp_path):
+    out = tmp_path / "speed.json"
+    # keras-hub's model is left out to stay within seconds: its compile would
+    # double the time. The next test builds it.
+    result = subprocess.run(
+        [sys.executable, SCRIPT, "--size", "tiny", "--steps", "1", "--rounds", "1",
+         "--contenders", "torch", "--out", str(out)],
+        env=dict(os.environ, KERAS_BACKEND=keras.backend.backend(), TF_CPP_MIN_LOG_LEVEL="3"),
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    ours = report["contenders"]["ours"]
+    assert report["keras_backend"] == keras.backend.backend()
+    assert ours["target_tokens_per_second"] > 0
+    assert ours["mfu"] > 0
+    if "torch" in report["contenders"]:
+        assert report["ratios"]["ours/torch"] > 0
+    else:
+        assert report["skipped"]["torch"]
+    assert "| ours" in result.stdout
+
+
+def test_contenders_have_our_size():
+    pytest.importorskip("keras_hub")
+    benchmark = load_benchmark()
+    size = benchmark.SIZES["tiny"]
+    architecture = {key: size[key] for key in ("vocabulary_size", "num_layers", "d_model", "num_heads")}
+    ours = benchmark.build_transformer("base", **architecture, d_ff=4 * size["d_model"])
+    keras_hub_model = benchmark.keras_hub_transformer(**architecture, dtype=None)
+    assert keras_hub_model.count_params() == ours.count_params()
+    if importlib.util.find_spec("torch") is not None:
+        torch_model = benchmark._torch_transformer(size)
+        # torch.nn.Transformer ends each stack with a LayerNorm, which a
+        # post-LN stack does not need: 2 x (gamma, beta) of d_model each.
+        extra = 4 * size["d_model"]
+        assert sum(p.numel() for p in torch_model.parameters()) == ours.count_params() + extra
