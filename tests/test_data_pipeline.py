@@ -163,6 +163,16 @@ def test_bad_arguments_are_reported(corpus, tokenizer):
     for step in (0.5, float("nan"), "1.2"):
         with pytest.raises(ValueError, match="bucket_step"):
             make_dataset(corpus, tokenizer, 1024, bucket_step=step)
+    for name, value, least in (
+        ("tokens_per_batch", float("nan"), 1),
+        ("tokens_per_batch", 1024.5, 1),
+        ("max_length", 0, 2),  # was a ZeroDivisionError
+        ("max_length", True, 2),
+        ("batch_multiple", 0, 1),
+    ):
+        arguments = {"tokens_per_batch": 1024, name: value}
+        with pytest.raises(ValueError, match=rf"`{name}` must be an integer >= {least}. Received: {name}={value!r}"):
+            make_dataset(corpus, tokenizer, **arguments)
 
 
 @pytest.mark.filterwarnings("ignore:make_dataset leaves out")

@@ -97,6 +97,10 @@ def test_too_large_a_vocabulary_or_no_text_is_reported():
         SubwordTokenizer.train(TRAINING_TEXT[:4], vocabulary_size=100000)
     with pytest.raises(ValueError, match="Received: no text"):
         SubwordTokenizer.train(["", "  "], vocabulary_size=300)
+    # SentencePiece's own words were "cannot parse "nan" as int".
+    for size in (float("nan"), 300.5, True, 0, 260):
+        with pytest.raises(ValueError, match=rf"vocabulary_size must be an integer >= 261 .* Received: vocabulary_size={size!r}"):
+            SubwordTokenizer.train(TRAINING_TEXT, vocabulary_size=size)
 
 
 @needs_multi30k

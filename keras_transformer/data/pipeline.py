@@ -1,5 +1,6 @@
 """From sentence pairs to token-bucketed batches, in `tf.data`."""
 
+import numbers
 import warnings
 
 import numpy as np
@@ -82,6 +83,13 @@ def make_dataset(
     """
     if len(corpus) == 0:
         raise ValueError("Cannot batch an empty corpus. Received: 0 pairs")
+    for name, value, least in (
+        ("max_length", max_length, 2),  # at least one token and EOS
+        ("tokens_per_batch", tokens_per_batch, 1),
+        ("batch_multiple", batch_multiple, 1),
+    ):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+            raise ValueError(f"`{name}` must be an integer >= {least}. Received: {name}={value!r}")
     if tokens_per_batch < max_length:
         raise ValueError(
             "`tokens_per_batch` must hold at least one pair of `max_length` "

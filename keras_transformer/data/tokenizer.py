@@ -138,6 +138,18 @@ class SubwordTokenizer:
         Returns:
             A `SubwordTokenizer`.
         """
+        # The four special ids and the 256 byte pieces, and one more.
+        least = 4 + 256 + 1
+        if (
+            isinstance(vocabulary_size, bool)
+            or not isinstance(vocabulary_size, int)
+            or vocabulary_size < least
+        ):
+            raise ValueError(
+                f"vocabulary_size must be an integer >= {least} (4 special ids "
+                "and 256 byte pieces come first). Received: "
+                f"vocabulary_size={vocabulary_size!r}"
+            )
         if isinstance(texts, (str, bytes)):
             raise TypeError(
                 "`texts` must be an iterable of sentences or of (source, "
