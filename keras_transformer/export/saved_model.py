@@ -226,6 +226,9 @@ def _serving_module(translator, subword_file, settings_file, max_request_tokens)
         )
         before_eos = tf.cumsum(tf.cast(ids == eos_id, tf.int32), axis=1) == 0
         targets = tf.ragged.boolean_mask(ids, before_eos & (ids != 0)).to_tensor(0)
+        # At least one column: when every translation is empty (EOS first),
+        # a scatter into a [batch, 0] tensor fails.
+        targets = tf.pad(targets, [[0, 0], [0, tf.maximum(0, 1 - tf.shape(targets)[1])]])
         rows = rows[:, None]
         target_ids = tf.scatter_nd(rows, targets, tf.stack([batch_size, tf.shape(targets)[1]]))
         scores = tf.scatter_nd(rows, tf.cast(scores, tf.float32), [batch_size])
