@@ -103,7 +103,6 @@ def test_too_large_a_vocabulary_or_no_text_is_reported():
             SubwordTokenizer.train(TRAINING_TEXT, vocabulary_size=size)
 
 
-@needs_multi30k
 @pytest.mark.parametrize(
     "texts, message",
     [
@@ -119,6 +118,7 @@ def test_texts_of_the_wrong_type_are_reported_not_trained_on(texts, message):
         SubwordTokenizer.train(texts, 300)
 
 
+@needs_multi30k
 def test_multi30k_vocabulary_round_trips_every_line():
     corpus = read_parallel_text(
         os.path.join(MULTI30K, "train.en"), os.path.join(MULTI30K, "train.de")

@@ -3,9 +3,9 @@
 import inspect
 import math
 import numbers
-import random
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_transformer.checks import TokenIdCheck
@@ -63,8 +63,8 @@ class Transformer(keras.Model):
         layer_norm_epsilon: epsilon of every LayerNorm.
         dtype: the dtype policy, such as `"mixed_bfloat16"`.
         seed: the seed of the model's dropout: each dropout layer draws from
-            its own stream, derived from it. None draws one from Python's
-            `random` (which `keras.utils.set_random_seed` seeds). The seed is
+            its own stream, derived from it. None draws one from NumPy's
+            global generator (which `keras.utils.set_random_seed` seeds). The seed is
             in the config, and the streams' positions are saved with the
             weights, so a model restored from a checkpoint drops out as the
             saved one would have next.
@@ -88,7 +88,9 @@ class Transformer(keras.Model):
         **kwargs,
     ):
         if seed is None:
-            seed = random.randint(0, MAX_SEED)
+            # NumPy's generator, not Python's: Keras draws its initializers'
+            # seeds from Python's, and a draw here would change them.
+            seed = int(np.random.randint(0, MAX_SEED))
         _check_arguments(
             vocabulary_size=vocabulary_size,
             num_layers=num_layers,
