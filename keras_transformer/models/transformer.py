@@ -64,10 +64,10 @@ class Transformer(keras.Model):
         dtype: the dtype policy, such as `"mixed_bfloat16"`.
         seed: the seed of the model's dropout: each dropout layer draws from
             its own stream, derived from it. None draws one from NumPy's
-            global generator (which `keras.utils.set_random_seed` seeds). The seed is
-            in the config, and the streams' positions are saved with the
-            weights, so a model restored from a checkpoint drops out as the
-            saved one would have next.
+            global generator, which `keras.utils.set_random_seed` seeds. The
+            seed is in the config, and the streams' positions are saved with
+            the weights, so a model restored from a checkpoint drops out as
+            the saved one would have next.
         **kwargs: base model arguments, such as `name`.
     """
 
