@@ -65,10 +65,10 @@ def test_wmt14_recipe_reports_bad_input(tmp_path):
 def test_quickstart_reports_a_vocabulary_its_corpus_cannot_give_in_one_line(tmp_path):
     result = subprocess.run(
         [sys.executable, os.path.join(ROOT, "recipes", "quickstart.py"), "--train-size", "50",
-         "--vocabulary-size", "40"],
+         "--vocabulary-size", "5000"],
         cwd=tmp_path, env=dict(os.environ, KERAS_BACKEND=keras.backend.backend()),
         capture_output=True, text=True, timeout=300,
     )
     assert result.returncode != 0 and "Traceback" not in result.stderr
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: SentencePiece could not train a vocabulary of 40"), result.stderr[-2000:]
+    assert last.startswith("error: SentencePiece could not train a vocabulary of 5000"), result.stderr[-2000:]
