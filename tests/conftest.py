@@ -44,3 +44,15 @@ WMT14 = os.path.join(SHARED_DATA, "wmt14")
 needs_wmt14 = pytest.mark.skipif(
     not os.path.isdir(WMT14), reason="../shared/data/wmt14 is not beside this clone"
 )
+
+
+def in_one_pass(backend, why):
+    """For a test of code that runs the same under every backend (command-line
+    plumbing, file layouts, TensorFlow-only serving): CI runs the suite once
+    per backend, and this test in `backend`'s pass only, to keep the three
+    passes short. The code each backend runs differently is tested in every
+    pass."""
+    return pytest.mark.skipif(
+        keras.backend.backend() != backend,
+        reason=f"the same under every backend ({why}); runs in the {backend} pass",
+    )

@@ -11,7 +11,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import to_numpy
+from conftest import to_numpy, in_one_pass
 
 # The Translator tests' tokenizer and tiny model, whose outputs end at
 # different steps.
@@ -81,6 +81,7 @@ def test_a_fresh_tensorflow_process_serves_what_the_translator_translates(
         np.testing.assert_allclose(served[loading]["score"], [h[0][1] for h in expected], atol=1e-4)
 
 
+@in_one_pass("jax", "the SavedModel's signatures are TensorFlow's")
 def test_saved_model_cli_lists_both_signatures_with_dtypes_and_shapes(exported):
     shown = subprocess.run(
         [sys.executable, "-m", "tensorflow.python.tools.saved_model_cli", "show", "--all", "--dir", str(exported)],
@@ -253,6 +254,7 @@ def test_a_model_trained_under_this_backend_serves_as_tensorflow_translates_it(t
     assert serve(served, texts)[0] == expected
 
 
+@in_one_pass("jax", "version folders; each backend's export is tested in every pass")
 def test_exports_go_to_new_versions_in_tf_serving_layout(translator, tmp_path, capsys):
     model_dir = tmp_path / "translator"
     translator.save(model_dir)
@@ -286,6 +288,7 @@ def test_exports_go_to_new_versions_in_tf_serving_layout(translator, tmp_path, c
         cli.main(["export", "--model-dir", str(tmp_path / "missing")])
 
 
+@in_one_pass("jax", "a TensorFlow script on the SavedModel")
 def test_translate_file_serves_a_file_as_the_translator_translates_it(exported, translator, tmp_path):
     lines = [*SENTENCES, "the dog sees the old man and the cat ."] * 3
     (tmp_path / "input.en").write_text("".join(line + "\n" for line in lines))

@@ -254,8 +254,15 @@ def test_a_dataset_of_bad_inputs_fails_clearly_as_it_runs(model, batch, case):
     message = {"64-bit ids past int32": r"`target_ids` holds (1 )?token id"}.get(case, message.split(".*")[0])
     with pytest.raises(Exception, match=message):
         model.fit(dataset, shuffle=False, verbose=0)
+
+
+def test_float_ids_in_a_dataset_or_a_generator_fail_clearly(model, batch):
+    import tensorflow as tf
+
+    kt.training.compile_model(model)
+    dataset = tf.data.Dataset.from_tensors(({k: v.astype("float32") for k, v in batch.items()}, batch["target_ids"]))
     with pytest.raises(TypeError, match=r"`source_ids` must hold integer token ids. Received a dataset of dtype float32"):
-        model.fit(dataset.map(lambda x, y: ({k: tf.cast(v, tf.float32) for k, v in x.items()}, y)), shuffle=False, verbose=0)
+        model.fit(dataset, shuffle=False, verbose=0)
     # A Python generator reaches the model only inside the compiled step
     # (JAX's trainer calls `call` itself, past `__call__`).
     floats = ({k: v.astype("float32") for k, v in batch.items()}, batch["target_ids"])

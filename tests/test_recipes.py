@@ -10,7 +10,7 @@ import keras
 
 import keras_transformer as kt
 
-from conftest import WMT14, needs_wmt14
+from conftest import WMT14, needs_wmt14, in_one_pass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -28,6 +28,7 @@ def run_wmt14(*args, backend=None):
     )
 
 
+@in_one_pass("torch", "the recipe's files and steps; training under each backend is the quick start's test")
 @needs_wmt14
 def test_wmt14_recipe_runs_offline_and_refuses_a_used_model_dir(tmp_path):
     common = [
@@ -49,6 +50,7 @@ def test_wmt14_recipe_runs_offline_and_refuses_a_used_model_dir(tmp_path):
     assert "already holds a run" in refused.stderr and "--resume" in refused.stderr
 
 
+@in_one_pass("torch", "checks before any backend work")
 def test_wmt14_recipe_reports_bad_input(tmp_path):
     unknown_preset = run_wmt14("--preset", "huge", "--model-dir", tmp_path / "a")
     assert unknown_preset.returncode != 0 and "invalid choice: 'huge'" in unknown_preset.stderr
@@ -62,6 +64,7 @@ def test_wmt14_recipe_reports_bad_input(tmp_path):
     assert "lacks WMT14 files" in no_files.stderr and "Missing: newstest2008.en[.gz]" in no_files.stderr
 
 
+@in_one_pass("torch", "a check before any backend work")
 def test_quickstart_reports_a_vocabulary_its_corpus_cannot_give_in_one_line(tmp_path):
     result = subprocess.run(
         [sys.executable, os.path.join(ROOT, "recipes", "quickstart.py"), "--train-size", "50",

@@ -16,7 +16,7 @@ import pytest
 import keras_transformer as kt
 from keras_transformer.training import TrainingConfig
 
-from conftest import MULTI30K, needs_multi30k
+from conftest import MULTI30K, needs_multi30k, in_one_pass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -121,6 +121,7 @@ def progress_losses(stdout):
     return {int(m.group(1)): float(m.group(3)) for m in PROGRESS.finditer(stdout)}
 
 
+@in_one_pass("torch", "the command's checkpoints and log; each backend's exact resume is tested in-process in every pass")
 def test_train_resumes_after_kill_9_and_the_loss_curve_continues(files, tmp_path):
     common = ["--dropout", 0, "--checkpoint-every", 10, "--log-every", 5, "--average", 3]
     whole = cli(*train_arguments(files, tmp_path / "whole", "--train-steps", 60, *common))
@@ -211,6 +212,7 @@ def test_bad_files_are_errors_that_name_them(files, tmp_path, capsys):
     assert "step " not in capsys.readouterr().out
 
 
+@in_one_pass("torch", "argument checks before any backend work")
 def test_a_bad_argument_exits_without_a_traceback(files, tmp_path):
     result = cli(*train_arguments(files, tmp_path / "run", "--dropout", "1.5"))
     assert result.returncode != 0 and "Traceback" not in result.stderr
@@ -219,6 +221,7 @@ def test_a_bad_argument_exits_without_a_traceback(files, tmp_path):
     )
 
 
+@in_one_pass("torch", "the recipe's data, averaging and scoring; training under each backend is the quick start's test")
 @needs_multi30k
 def test_multi30k_recipe_smoke_mode_trains_and_scores_test2016(tmp_path):
     result = subprocess.run(

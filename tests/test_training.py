@@ -83,6 +83,25 @@ def saved_steps(directory):
     return [training.checkpoints.checkpoint_step(p) for p in training.list_checkpoints(directory)]
 
 
+@pytest.mark.parametrize("entry", ["fit", "train_on_batch"])
+def test_the_train_step_is_traced_once(entry):
+    """Keras's TensorFlow trainer builds the optimizer inside the first traced
+    step, and the variables made there make `tf.function` trace it again;
+    the model builds its optimizer first. (Torch runs the step eagerly.)"""
+    model = training.compile_model(kt.build_transformer("tiny", vocabulary_size=16, num_layers=1), warmup_steps=5)
+    runs = []
+    train_step = model.train_step
+    model.train_step = lambda *args: runs.append(1) or train_step(*args)
+    inputs, labels = next(iter(reversal_batches().as_numpy_iterator()))
+    for _ in range(3):
+        if entry == "fit":
+            model.fit(inputs, labels, batch_size=16, epochs=1, verbose=0)
+        else:
+            model.train_on_batch(inputs, labels)
+    assert model.optimizer.built
+    assert len(runs) == (3 if keras.backend.backend() == "torch" else 1)
+
+
 def test_fit_stops_at_exactly_train_steps_with_a_last_checkpoint(tmp_path):
     model = training.compile_model(kt.build_transformer("tiny", vocabulary_size=16, num_layers=1), warmup_steps=5)
     model = training.fit(model, reversal_batches(), tmp_path, 7, checkpoint_every=5, verbose=0)

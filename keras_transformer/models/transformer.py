@@ -1,5 +1,6 @@
 """The encoder-decoder Transformer of section 3, as a Functional model."""
 
+import contextlib
 import inspect
 import math
 import numbers
@@ -235,7 +236,9 @@ class Transformer(keras.Model):
         return super().call(inputs, training=training, mask=mask, **kwargs)
 
     def fit(self, x=None, *args, **kwargs):
-        return super().fit(check_model_data(x, self.vocabulary_size), *args, **kwargs)
+        x = check_model_data(x, self.vocabulary_size)
+        self._build_optimizer()
+        return super().fit(x, *args, **kwargs)
 
     def evaluate(self, x=None, *args, **kwargs):
         return super().evaluate(check_model_data(x, self.vocabulary_size), *args, **kwargs)
@@ -244,7 +247,25 @@ class Transformer(keras.Model):
         return super().predict(check_model_data(x, self.vocabulary_size), *args, **kwargs)
 
     def train_on_batch(self, x, *args, **kwargs):
-        return super().train_on_batch(check_model_data(x, self.vocabulary_size), *args, **kwargs)
+        x = check_model_data(x, self.vocabulary_size)
+        self._build_optimizer()
+        return super().train_on_batch(x, *args, **kwargs)
+
+    def _build_optimizer(self):
+        """Creates the optimizer's variables before the first train step.
+
+        Keras's TensorFlow trainer leaves them to the first traced step, and
+        variables created while tracing make `tf.function` trace the step a
+        second time: about half of a first step's time on a CPU. Keras builds
+        them first itself under JAX and torch, and under a `tf.distribute`
+        strategy, in whose scope they are made here too.
+        """
+        optimizer = getattr(self, "optimizer", None)
+        if optimizer is None or optimizer.built or not self.built:
+            return
+        strategy = getattr(self, "distribute_strategy", None)  # TensorFlow's trainer
+        with strategy.scope() if strategy is not None else contextlib.nullcontext():
+            optimizer.build(self.trainable_variables)
 
     def test_on_batch(self, x, *args, **kwargs):
         return super().test_on_batch(check_model_data(x, self.vocabulary_size), *args, **kwargs)
