@@ -8,7 +8,10 @@ GPU or under JAX returns zeros or clamps silently, and torch fails with
 loudly on every backend, saying which input, where, and what was expected.
 """
 
+import contextlib
 import functools
+import threading
+import types
 
 import keras
 import numpy as np
@@ -40,9 +43,11 @@ def assert_token_ids_in_range(ids, vocabulary_size, input_name="token_ids"):
     Works eagerly and inside compiled functions: a graph assertion under
     TensorFlow, a host callback under `jax.jit`, a plain check under torch.
     TensorFlow's XLA compiler (`jit_compile=True`) drops graph assertions, so
-    the check does not run there. Under JAX, an error raised inside Keras's
-    compiled `fit`/`predict` loop leaves that model's variables unusable in
-    the process (Keras does not restore them); reload it from a checkpoint.
+    the check does not run there. Under JAX, `fit`, `evaluate` and `predict`
+    check their data on the host instead where they can (see
+    `check_ids_on_host`); an error raised inside a compiled step leaves that
+    model's variables unusable in the process (Keras does not restore them),
+    so reload it from a checkpoint.
 
     Returns:
         `ids`, unchanged, carrying a dependency on the check in TF graphs.
@@ -76,8 +81,9 @@ def assert_token_ids_in_range(ids, vocabulary_size, input_name="token_ids"):
         import jax
 
         if isinstance(ids, jax.core.Tracer):
-            # Per shard: no gather of data-parallel ids onto one device.
-            jax.debug.callback(check, ids, partitioned=True)
+            if not getattr(_steps, "ids_checked_on_host", False):
+                # Per shard: no gather of data-parallel ids onto one device.
+                jax.debug.callback(check, ids, partitioned=True)
         else:
             check(ids)
         return ids
@@ -262,6 +268,82 @@ def check_model_data(x, vocabulary_size):
     if all(features[name].dtype.name not in _WIDER_THAN_INT32 for name in INPUT_NAMES):
         return x
 
+    return x.map(_in_range_in_pipeline(vocabulary_size))
+
+
+# === Under JAX: ids checked on the host, before the compiled steps ===
+# Inside `jax.jit` the check above is a host callback, a round trip from the
+# device to Python in every step: on a GPU it cut training speed to a third
+# (benchmarks/README.md). So under JAX, `fit`, `evaluate` and `predict` check
+# the ids on the host as the data arrives, and trace their steps without the
+# callback. Data that cannot be checked there (a `PyDataset`, for one) keeps
+# the callback.
+
+_steps = threading.local()
+
+
+@contextlib.contextmanager
+def ids_checked_on_host(checked):
+    """Within: traced steps leave out the id callback if `checked`."""
+    previous = getattr(_steps, "ids_checked_on_host", False)
+    _steps.ids_checked_on_host = checked
+    try:
+        yield
+    finally:
+        _steps.ids_checked_on_host = previous
+
+
+def check_ids_on_host(x, vocabulary_size):
+    """Checks the ids of `fit`/`evaluate`/`predict` data on the host.
+
+    Under JAX only (elsewhere the checks in the steps are cheap, or eager).
+    Arrays are checked at once; a `tf.data.Dataset` in its pipeline and a
+    generator as it yields, each batch before it reaches a step.
+
+    Returns:
+        `(x, checked)`: the data, wrapped where it is checked as it runs, and
+        whether every batch of it is checked before a step.
+    """
+    if keras.backend.backend() != "jax":
+        return x, False
+    if isinstance(x, dict):
+        if set(x) != set(INPUT_NAMES):
+            return x, False
+        for name in INPUT_NAMES:
+            if isinstance(x[name], keras.KerasTensor) or not hasattr(x[name], "dtype"):
+                return x, False
+            _raise_if_out_of_range(np.asarray(x[name]), vocabulary_size, name)
+        return x, True
+    if isinstance(x, types.GeneratorType):
+
+        def checked_batches():
+            for batch in x:
+                features = batch[0] if isinstance(batch, tuple) else batch
+                if isinstance(features, dict) and set(features) == set(INPUT_NAMES):
+                    for name in INPUT_NAMES:
+                        ids = np.asarray(features[name])
+                        if "int" in ids.dtype.name:  # others fail in the step
+                            _raise_if_out_of_range(ids, vocabulary_size, name)
+                yield batch
+
+        return checked_batches(), True
+    import tensorflow as tf
+
+    if isinstance(x, tf.data.Dataset) and _holds_model_inputs(x):
+        return x.map(_in_range_in_pipeline(vocabulary_size)), True
+    return x, False
+
+
+def _holds_model_inputs(dataset):
+    spec = dataset.element_spec
+    features = spec[0] if isinstance(spec, tuple) else spec
+    return isinstance(features, dict) and set(features) == set(INPUT_NAMES)
+
+
+def _in_range_in_pipeline(vocabulary_size):
+    """A `tf.data` map that fails on ids outside [0, vocabulary_size)."""
+    import tensorflow as tf
+
     message = (
         "holds token ids outside the vocabulary: expected 0 <= id < "
         f"vocabulary_size={vocabulary_size}. Received:"
@@ -282,4 +364,4 @@ def check_model_data(x, vocabulary_size):
             checked = tf.nest.map_structure(tf.identity, element)
         return checked if len(element) > 1 else checked[0]
 
-    return x.map(in_range)
+    return in_range

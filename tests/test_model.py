@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 import keras_transformer as kt
+from keras_transformer import checks
 from keras_transformer.models import PRESETS
 
 from conftest import random_ids, to_numpy
@@ -268,3 +269,92 @@ def test_float_ids_in_a_dataset_or_a_generator_fail_clearly(model, batch):
     floats = ({k: v.astype("float32") for k, v in batch.items()}, batch["target_ids"])
     with pytest.raises(TypeError, match=r"`source_ids` must hold integer token ids. Received dtype float32"):
         model.fit((floats for _ in range(2)), steps_per_epoch=1, verbose=0)
+
+
+class _Batches(keras.utils.PyDataset):
+    def __init__(self, batches):
+        super().__init__()
+        self.batches = batches
+
+    def __len__(self):
+        return len(self.batches)
+
+    def __getitem__(self, index):
+        return self.batches[index]
+
+
+def _as(form, inputs, labels=None):
+    """`fit`/`evaluate`/`predict` arguments for one batch, in one of Keras's
+    forms of data."""
+    import tensorflow as tf
+
+    element = inputs if labels is None else (inputs, labels)
+    if form == "arrays":
+        return element if labels is not None else (inputs,)
+    if form == "dataset":
+        return (tf.data.Dataset.from_tensors(element),)
+    if labels is None:
+        element = (inputs,)  # what generators and PyDatasets give `predict`
+    if form == "generator":
+        return ((element for _ in range(1)),)
+    return (_Batches([element]),)
+
+
+FORMS = ["arrays", "dataset", "generator", "py_dataset"]
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_bad_ids_fail_clearly_in_every_form_of_data(batch, form):
+    """However the data comes, an id outside the vocabulary is an error that
+    names the input; under JAX it is found on the host where it can be."""
+    labels = batch["target_ids"]
+    bad = {k: v.copy() for k, v in batch.items()}
+    bad["target_ids"][2, 3] = V + 5
+    message = r"`target_ids` holds (1 )?token id"
+    for run in (
+        lambda model, data: model.fit(*_as(form, data, labels), verbose=0, **({} if form == "arrays" else {"steps_per_epoch": 1})),
+        lambda model, data: model.evaluate(*_as(form, data, labels), verbose=0),
+        lambda model, data: model.predict(*_as(form, data), verbose=0),
+    ):
+        # A fresh model for each: under JAX, an error inside Keras's loop
+        # leaves the model's variables unusable.
+        model = kt.training.compile_model(kt.build_transformer("tiny", vocabulary_size=V))
+        run(model, batch)  # good data first: the compiled function is made, then reused
+        with pytest.raises(Exception, match=message):
+            run(model, bad)
+
+
+def test_under_jax_compiled_steps_leave_the_id_check_to_the_host(model, batch, monkeypatch):
+    """A check inside `jax.jit` is a device-to-host callback in every step.
+    Data checked on the host is stepped without it; data that cannot be (a
+    `PyDataset`) is stepped with it, in functions traced anew for it."""
+    if keras.backend.backend() != "jax":
+        pytest.skip("the host callback is JAX's")
+    import jax
+
+    callbacks = []
+    real_callback = jax.debug.callback
+    def counting_callback(*args, **kwargs):
+        if not checks._inferring_shapes():  # shapes Keras infers run nothing
+            callbacks.append(1)
+        return real_callback(*args, **kwargs)
+
+    monkeypatch.setattr(jax.debug, "callback", counting_callback)
+    kt.training.compile_model(model)
+    labels = batch["target_ids"]
+    for form in ("arrays", "dataset", "generator"):
+        model.fit(*_as(form, batch, labels), verbose=0, **({} if form == "arrays" else {"steps_per_epoch": 1}))
+        model.evaluate(*_as(form, batch, labels), verbose=0)
+        model.predict(*_as(form, batch), verbose=0)
+    assert callbacks == []
+    bad = {k: v.copy() for k, v in batch.items()}
+    bad["source_ids"][1, 2] = -1
+    with pytest.raises(ValueError, match=r"`source_ids` holds 1 token id\(s\) outside the vocabulary: source_ids\[1, 2\] = -1"):
+        model.fit(bad, labels, verbose=0)
+    # Found before the step, so the model's variables are intact.
+    history = model.fit(batch, labels, epochs=2, verbose=0).history["loss"]
+    assert np.isfinite(history).all()
+    model.predict(*_as("py_dataset", batch), verbose=0)
+    assert len(callbacks) == 2  # source and target ids, traced once
+    with pytest.raises(Exception, match=r"`target_ids` holds 18 token id\(s\) outside the vocabulary"):
+        model.predict(*_as("py_dataset", {**batch, "target_ids": np.full_like(labels, V)}), verbose=0)

@@ -14,7 +14,7 @@ import pytest
 import keras_transformer as kt
 from keras_transformer import training
 
-from conftest import to_numpy
+from conftest import in_one_pass, to_numpy
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_process.py")
 
@@ -189,14 +189,12 @@ def test_with_dropout_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_on
 
 
 # Twenty fresh processes cost a few minutes, so the loop runs in one pass of
-# the suite. What it exercises, the files a killed run leaves behind and the
-# next run's resume from them, is Keras saving and this package's code, the
-# same on every backend; that a resumed run continues every backend's
-# dropout streams exactly is the in-process test above, run in every pass.
-@pytest.mark.skipif(
-    keras.backend.backend() != "tensorflow",
-    reason="the kill loop runs in the TensorFlow pass; resuming on this backend is tested in-process",
-)
+# the suite, the torch pass, the shortest. What it exercises, the files a
+# killed run leaves behind and the next run's resume from them, is Keras
+# saving and this package's code, the same on every backend; that a resumed
+# run continues every backend's dropout streams exactly is the in-process
+# test above, run in every pass.
+@in_one_pass("torch", "checkpoint files and the resume from them; each backend's exact resume is tested in-process")
 def test_kill_9_twenty_times_at_random_points_and_the_run_ends_as_an_uninterrupted_one(tmp_path):
     steps, every = 100, 2  # a checkpoint write every other step
     arguments = ("--dropout", "0.2")

@@ -10,8 +10,10 @@ import numpy as np
 from keras import ops
 
 from keras_transformer.checks import TokenIdCheck
+from keras_transformer.checks import check_ids_on_host
 from keras_transformer.checks import check_model_data
 from keras_transformer.checks import check_model_inputs
+from keras_transformer.checks import ids_checked_on_host
 from keras_transformer.layers import SinusoidalPositionEncoding
 from keras_transformer.layers import TokenEmbedding
 from keras_transformer.layers import TransformerDecoderBlock
@@ -71,6 +73,10 @@ class Transformer(keras.Model):
             the saved one would have next.
         **kwargs: base model arguments, such as `name`.
     """
+
+    # Which compiled functions were traced for data whose ids were checked
+    # on the host (JAX only; see `_checked_data`).
+    _steps_without_id_check = frozenset()
 
     def __init__(
         self,
@@ -236,20 +242,54 @@ class Transformer(keras.Model):
         return super().call(inputs, training=training, mask=mask, **kwargs)
 
     def fit(self, x=None, *args, **kwargs):
-        x = check_model_data(x, self.vocabulary_size)
+        x = self._checked_data(x, "train_function")
         self._build_optimizer()
         return super().fit(x, *args, **kwargs)
 
     def evaluate(self, x=None, *args, **kwargs):
-        return super().evaluate(check_model_data(x, self.vocabulary_size), *args, **kwargs)
+        return super().evaluate(self._checked_data(x, "test_function"), *args, **kwargs)
 
     def predict(self, x, *args, **kwargs):
-        return super().predict(check_model_data(x, self.vocabulary_size), *args, **kwargs)
+        return super().predict(self._checked_data(x, "predict_function"), *args, **kwargs)
 
     def train_on_batch(self, x, *args, **kwargs):
-        x = check_model_data(x, self.vocabulary_size)
+        x = self._checked_data(x, "train_function")
         self._build_optimizer()
         return super().train_on_batch(x, *args, **kwargs)
+
+    def test_on_batch(self, x, *args, **kwargs):
+        return super().test_on_batch(self._checked_data(x, "test_function"), *args, **kwargs)
+
+    def predict_on_batch(self, x):
+        return super().predict_on_batch(self._checked_data(x, "predict_function"))
+
+    # The steps Keras compiles: under JAX they leave the id check out where
+    # the data was checked on the host (checks.check_ids_on_host).
+    def train_step(self, *args, **kwargs):
+        with ids_checked_on_host("train_function" in self._steps_without_id_check):
+            return super().train_step(*args, **kwargs)
+
+    def test_step(self, *args, **kwargs):
+        with ids_checked_on_host("test_function" in self._steps_without_id_check):
+            return super().test_step(*args, **kwargs)
+
+    def predict_step(self, *args, **kwargs):
+        with ids_checked_on_host("predict_function" in self._steps_without_id_check):
+            return super().predict_step(*args, **kwargs)
+
+    def _checked_data(self, x, function):
+        """Checks `x` for `function`'s steps, and remakes that compiled
+        function if it was traced for data checked elsewhere."""
+        x = check_model_data(x, self.vocabulary_size)
+        x, on_host = check_ids_on_host(x, self.vocabulary_size)
+        made_for_host_checks = function in self._steps_without_id_check
+        if made_for_host_checks != on_host and getattr(self, function, None) is not None:
+            setattr(self, function, None)  # Keras makes it again, traced anew
+        if on_host:
+            self._steps_without_id_check = self._steps_without_id_check | {function}
+        else:
+            self._steps_without_id_check = self._steps_without_id_check - {function}
+        return x
 
     def _build_optimizer(self):
         """Creates the optimizer's variables before the first train step.
