@@ -2,6 +2,20 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+# Under JAX, the suite's processes (this one and the commands it starts) keep
+# their compiled programs in one on-disk cache for this run: the same tiny
+# models are compiled in many tests. It starts empty, and goes at exit.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    _jax_cache = tempfile.mkdtemp(prefix="keras-transformer-tests-jax-cache-")
+    atexit.register(shutil.rmtree, _jax_cache, ignore_errors=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _jax_cache
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
 # Before Keras: the package settles how torch's threads wait.
 import keras_transformer  # noqa: E402, F401
 import keras  # noqa: E402

@@ -254,7 +254,7 @@ def test_a_model_trained_under_this_backend_serves_as_tensorflow_translates_it(t
     assert serve(served, texts)[0] == expected
 
 
-@in_one_pass("jax", "version folders; each backend's export is tested in every pass")
+@in_one_pass("tensorflow", "version folders; each backend's export is tested in every pass")
 def test_exports_go_to_new_versions_in_tf_serving_layout(translator, tmp_path, capsys):
     model_dir = tmp_path / "translator"
     translator.save(model_dir)
