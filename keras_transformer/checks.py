@@ -254,10 +254,10 @@ def check_model_data(x, vocabulary_size):
 
     if not isinstance(x, tf.data.Dataset):
         return x
+    if not _holds_model_inputs(x):
+        return x
     spec = x.element_spec
     features = spec[0] if isinstance(spec, tuple) else spec
-    if not isinstance(features, dict) or set(features) != set(INPUT_NAMES):
-        return x
     for name in INPUT_NAMES:
         if not features[name].dtype.is_integer:
             raise TypeError(
