@@ -135,29 +135,26 @@ class MultiHeadAttention(keras.layers.Layer):
         self._value_dim = self.value_dim or self._key_dim
         self._inverse_sqrt_key_dim = 1.0 / math.sqrt(self._key_dim)
 
-        # W^Q, W^K, W^V for all heads at once: [d, num_heads, head_dim].
+        # W^Q, W^K, W^V for all heads at once: [d, num_heads, head_dim]. The
+        # projections act on tokens, whatever sentence they belong to (see
+        # `_per_token`).
         self.query_dense = self._projection(
-            "btd,dnh->btnh", (None, self.num_heads, self._key_dim), "nh", "query"
+            "td,dnh->tnh", (self.num_heads, self._key_dim), "nh", "query"
         )
-        self.query_dense.build(query_shape)
+        self.query_dense.build((None, query_shape[-1]))
         self.key_dense = self._projection(
-            "bsd,dnh->bsnh", (None, self.num_heads, self._key_dim), "nh", "key"
+            "sd,dnh->snh", (self.num_heads, self._key_dim), "nh", "key"
         )
-        self.key_dense.build(key_shape)
+        self.key_dense.build((None, key_shape[-1]))
         self.value_dense = self._projection(
-            "bsd,dnh->bsnh",
-            (None, self.num_heads, self._value_dim),
-            "nh",
-            "value",
+            "sd,dnh->snh", (self.num_heads, self._value_dim), "nh", "value"
         )
-        self.value_dense.build(value_shape)
+        self.value_dense.build((None, value_shape[-1]))
         # W^O maps the concatenated heads back to d_model.
         self.output_dense = self._projection(
-            "btnh,nhd->btd", (None, d_model), "d", "attention_output"
+            "tnh,nhd->td", (d_model,), "d", "attention_output"
         )
-        self.output_dense.build(
-            (query_shape[0], query_shape[1], self.num_heads, self._value_dim)
-        )
+        self.output_dense.build((None, self.num_heads, self._value_dim))
         self.attention_dropout = keras.layers.Dropout(
             self.dropout,
             seed=self.seed,
@@ -173,7 +170,24 @@ class MultiHeadAttention(keras.layers.Layer):
             `(key, value)`, each `[B, S, num_heads, head_dim]`.
         """
         key = value if key is None else key
-        return self.key_dense(key), self.value_dense(value)
+        return (
+            self._per_token(self.key_dense, key),
+            self._per_token(self.value_dense, value),
+        )
+
+    @staticmethod
+    def _per_token(projection, x):
+        """`projection` of every token of x `[B, T, ...]`, as one matrix product.
+
+        The B sentences' tokens are stacked into one `[B * T, ...]` matrix,
+        so that each projection and its gradients are single 2-D products on
+        every backend. (On `[B, T, d]` itself, TensorFlow broadcasts a
+        batched product over B and sums the kernel's gradient over it: a
+        fifth of the time of a base-size training step on a CPU.)
+        """
+        batch_and_length = tuple(ops.shape(x)[:2])
+        projected = projection(ops.reshape(x, (-1,) + tuple(x.shape[2:])))
+        return ops.reshape(projected, batch_and_length + tuple(projected.shape[1:]))
 
     def call(
         self,
@@ -198,7 +212,7 @@ class MultiHeadAttention(keras.layers.Layer):
             ops.copy(x) if getattr(x, "_keras_mask", None) is not None else x
             for x in (query, value, key)
         )
-        query_heads = self.query_dense(query)  # [B, T, N, H]
+        query_heads = self._per_token(self.query_dense, query)  # [B, T, N, H]
         if cache is not None and cache_update_index is None:
             key_heads, value_heads = cache  # [B, S, N, H], computed once
         else:
@@ -238,7 +252,7 @@ class MultiHeadAttention(keras.layers.Layer):
             # nothing, instead of to every key uniformly.
             attends = ops.any(mask, axis=-1)[:, :, None, None]  # [B, T, 1, 1]
             attended = attended * ops.cast(attends, attended.dtype)
-        output = self.output_dense(attended)  # [B, T, d_model]
+        output = self._per_token(self.output_dense, attended)  # [B, T, d_model]
 
         outputs = (output,)
         if return_attention_scores:
