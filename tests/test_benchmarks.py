@@ -1,0 +1,84 @@
+"""Smoke tests of the training benchmarks: each script runs one step end to end
+on a corpus small enough for seconds, and reports what it promises. The
+timings themselves are never asserted: the machines are shared and noisy."""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import pytest
+from conftest import in_one_pass
+
+from keras_transformer.data import builtin_corpus
+
+BENCHMARKS = os.path.join(os.path.dirname(__file__), "..", "benchmarks")
+
+# The scripts' own code is the same under every backend; the model code they
+# drive is tested in every pass.
+pytestmark = in_one_pass("torch", "benchmark scripts' smoke runs")
+
+
+@pytest.fixture(scope="module")
+def parallel_files(tmp_path_factory):
+    """train.en / train.de in a folder, as Multi30k's, from the built-in corpus."""
+    folder = tmp_path_factory.mktemp("corpus")
+    corpus = builtin_corpus("train", size=600)
+    (folder / "train.en").write_text("\n".join(corpus.sources) + "\n")
+    (folder / "train.de").write_text("\n".join(corpus.targets) + "\n")
+    return folder
+
+
+def run_benchmark(script, *arguments):
+    result = subprocess.run(
+        [sys.executable, os.path.join(BENCHMARKS, script), *arguments],
+        env=dict(os.environ, KERAS_BACKEND=keras.backend.backend(), TF_CPP_MIN_LOG_LEVEL="3"),
+        capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+def test_bucketing_reports_padding_and_tokens_per_second(parallel_files, tmp_path):
+    out = tmp_path / "bucketing.json"
+    stdout = run_benchmark(
+        "bucketing.py", "--data-dir", str(parallel_files), "--vocabulary-size", "500",
+        "--tokens-per-batch", "512", "--steps", "1", "--rounds", "1", "--json", str(out),
+    )
+    report = json.loads(out.read_text())
+    bucketed, padded = report["bucketed"], report["padded"]
+    # Bucketing groups pairs of like length: less padding than batches of
+    # pairs in random order, each padded to its longest sentence.
+    assert 0 <= bucketed["padding_fraction"] < padded["padding_fraction"] < 1
+    assert bucketed["target_tokens_per_second"] > 0 and padded["target_tokens_per_second"] > 0
+    assert report["bucketed/padded"] == pytest.approx(
+        bucketed["target_tokens_per_second"] / padded["target_tokens_per_second"]
+    )
+    assert "bucketed / padded" in stdout
+
+
+def test_precision_speed_runs_both_precisions(parallel_files):
+    stdout = run_benchmark(
+        "precision.py", "--data-dir", str(parallel_files), "--vocabulary-size", "500",
+        "--tokens-per-batch", "512", "--steps", "1", "--rounds", "1",
+    )
+    assert "mixed_bfloat16 speedup over float32" in stdout
+    assert f"{keras.backend.backend()} float32:" in stdout
+
+
+def test_precision_loss_compares_curves_with_the_seed_spread(tmp_path):
+    out = tmp_path / "curves.json"
+    stdout = run_benchmark(
+        "precision_loss.py", "--steps", "2", "--window", "1", "--seeds", "2",
+        "--train-size", "600", "--json", str(out),
+    )
+    report = json.loads(out.read_text())
+    for precision in ("float32", "mixed_bfloat16"):
+        assert [len(curve) for curve in report["curves"][precision]] == [2, 2]
+    float32 = report["curves"]["float32"]
+    # The spread is that of the float32 seeds, window by window.
+    assert report["spread"] == pytest.approx(
+        [max(a, b) - min(a, b) for a, b in zip(*float32)]
+    )
+    assert "gap / spread" in stdout
