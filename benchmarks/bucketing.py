@@ -93,9 +93,17 @@ def shape_of(batch):
 
 
 def train(model, batches, callbacks=()):
+    import tensorflow as tf
+
+    # A dataset with variable lengths declared: Keras infers a Python
+    # generator's shapes from its first batches, and would fix the length.
+    ids = tf.TensorSpec([None, None], tf.int32)
+    dataset = tf.data.Dataset.from_generator(
+        lambda: iter(batches),
+        output_signature=({"source_ids": ids, "target_ids": ids}, ids),
+    )
     model.fit(
-        (batch for batch in batches), steps_per_epoch=len(batches), epochs=1,
-        shuffle=False, verbose=0, callbacks=list(callbacks),
+        dataset, steps_per_epoch=len(batches), epochs=1, verbose=0, callbacks=list(callbacks)
     )
 
 

@@ -12,6 +12,7 @@ one batch of each shape, which compiles every shape.
 """
 
 import argparse
+import json
 import os
 import time
 
@@ -42,6 +43,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens-per-batch", type=int, default=4096)
     parser.add_argument("--vocabulary-size", type=int, default=8000)
+    parser.add_argument("--json", help="where to write the figures")
     args = parser.parse_args()
 
     corpus = read_parallel_text(
@@ -81,7 +83,7 @@ def main():
         kt.training.compile_model(model, warmup_steps=2000)
         start = time.perf_counter()
         # One pass over every bucket's shapes, so no round compiles.
-        model.fit(generator(warmup), epochs=1, verbose=0)
+        model.fit(generator(warmup), steps_per_epoch=len(warmup), epochs=1, verbose=0)
         print(f"{dtype}: warm-up on {len(warmup)} batch shapes {time.perf_counter() - start:.0f}s", flush=True)
         models[dtype] = model
 
@@ -91,7 +93,7 @@ def main():
         chunk = batches[round_index * args.steps : (round_index + 1) * args.steps]
         for dtype, model in models.items():
             timer = StepTimes()
-            model.fit(generator(chunk), epochs=1, verbose=0, callbacks=[timer])
+            model.fit(generator(chunk), steps_per_epoch=len(chunk), epochs=1, verbose=0, callbacks=[timer])
             step_times[dtype] += list(np.diff(timer.times))
             tokens[dtype] += sum(int((labels.numpy() != 0).sum()) for _, labels in chunk)
         print(f"round {round_index + 1}/{args.rounds}: " + ", ".join(
@@ -102,7 +104,18 @@ def main():
         rate = tokens[dtype] / sum(step_times[dtype])
         print(f"{keras.backend.backend()} {dtype}: median {median * 1000:.0f} ms/step, "
               f"{rate:,.0f} target tokens/s over {len(step_times[dtype])} steps")
-    print(f"mixed_bfloat16 speedup over float32: {medians['float32'] / medians['mixed_bfloat16']:.2f}x")
+    speedup = medians["float32"] / medians["mixed_bfloat16"]
+    print(f"mixed_bfloat16 speedup over float32: {speedup:.2f}x")
+    if args.json:
+        with open(args.json, "w") as file:
+            json.dump({
+                "keras_backend": keras.backend.backend(),
+                "median_step_seconds": medians,
+                "target_tokens_per_second": {
+                    dtype: tokens[dtype] / sum(step_times[dtype]) for dtype in models
+                },
+                "mixed_bfloat16/float32": speedup,
+            }, file, indent=2)
 
 
 if __name__ == "__main__":

@@ -621,7 +621,7 @@ def markdown_table(report):
             f"{'n/a' if memory is None else f'{memory / 2**20:,.0f}'} |"
         )
     peaks = ", ".join(
-        f"{framework} {rate / 1e12:.1f} TFLOP/s" for framework, rate in report["peak_matmul_flops_per_second"].items()
+        f"{framework} {rate / 1e9:,.0f} GFLOP/s" for framework, rate in report["peak_matmul_flops_per_second"].items()
     )
     lines += ["", f"Measured matmul peak ({report['peak_matmul_size']}^3): {peaks}."]
     for name, reason in report["skipped"].items():

@@ -9,6 +9,7 @@ import sys
 
 import keras
 import pytest
+from conftest import in_one_pass
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "training_speed.py")
 
@@ -57,3 +58,22 @@ def test_contenders_have_our_size():
         # post-LN stack does not need: 2 x (gamma, beta) of d_model each.
         extra = 4 * size["d_model"]
         assert sum(p.numel() for p in torch_model.parameters()) == ours.count_params() + extra
+
+
+@in_one_pass("tensorflow", "reads TensorFlow's profiler trace")
+def test_profile_step_sums_the_traced_operations_by_part():
+    script = os.path.join(os.path.dirname(SCRIPT), "profile_step.py")
+    result = subprocess.run(
+        [sys.executable, script, "--size", "tiny", "--steps", "2", "--rounds", "1", "--profile"],
+        env=dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3"),
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {}
+    for line in result.stdout.splitlines():
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if len(cells) == 3 and cells[1].replace(".", "").isdigit():
+            rows[cells[0]] = float(cells[1])
+    assert rows["matmuls"] > 0 and rows["Adam update"] > 0
+    parts = sum(value for part, value in rows.items() if part != "all")
+    assert rows["all"] == pytest.approx(parts, abs=0.01 * len(rows))

@@ -82,3 +82,21 @@ def test_precision_loss_compares_curves_with_the_seed_spread(tmp_path):
         [max(a, b) - min(a, b) for a, b in zip(*float32)]
     )
     assert "gap / spread" in stdout
+
+
+def test_plot_ratios_draws_each_ratio_found(tmp_path):
+    (tmp_path / "bucketing_tensorflow.json").write_text(json.dumps({"bucketed/padded": 1.7}))
+    (tmp_path / "precision_jax.json").write_text(json.dumps({"mixed_bfloat16/float32": 0.8}))
+    out = tmp_path / "ratios.png"
+    stdout = run_benchmark("plot_ratios.py", "--results", str(tmp_path), "--out", str(out))
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "bucketed / padded batches, Multi30k, tensorflow: 1.70 (target 1.3)" in stdout
+    assert "mixed_bfloat16 / float32, Multi30k, jax: 0.80 (target 1.5)" in stdout
+
+
+def test_matmul_peak_reports_both_dtypes(tmp_path):
+    out = tmp_path / "peak.json"
+    stdout = run_benchmark("matmul_peak.py", "--sizes", "64", "--seconds", "0.05", "--json", str(out))
+    rates = json.loads(out.read_text())["flops_per_second"]["64"]
+    assert rates["float32"] > 0 and rates["bfloat16"] > 0
+    assert f"| 64 | {rates['float32'] / 1e9:,.0f} |" in stdout
