@@ -16,16 +16,22 @@ import time
 import keras
 
 
+def wait_for(product):
+    """Blocks until `product` is computed, reading one element (as float32:
+    NumPy cannot take a bfloat16 scalar from TensorFlow)."""
+    keras.ops.convert_to_numpy(keras.ops.cast(product[0, 0], "float32"))
+
+
 def matmul_rate(size, dtype, seconds):
     a = keras.random.normal((size, size), dtype=dtype, seed=0)
     b = keras.random.normal((size, size), dtype=dtype, seed=1)
-    keras.ops.convert_to_numpy(keras.ops.matmul(a, b)[0, 0])
+    wait_for(keras.ops.matmul(a, b))
     products = 0
     start = time.perf_counter()
     while time.perf_counter() - start < seconds:
         product = keras.ops.matmul(a, b)
         products += 1
-    keras.ops.convert_to_numpy(product[0, 0])  # waits for the last product
+    wait_for(product)
     return 2 * size**3 * products / (time.perf_counter() - start)
 
 
