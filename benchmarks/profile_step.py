@@ -65,7 +65,7 @@ PARTS = [
 
 
 def profile_parts(logdir, steps):
-    """Thread-milliseconds per step of each part, from TensorFlow's trace."""
+    """Thread-seconds per step of each part, from TensorFlow's trace."""
     try:
         from tsl.profiler.protobuf import xplane_pb2
     except ImportError:
@@ -84,7 +84,7 @@ def profile_parts(logdir, steps):
                 if ":" not in name or "::" in name:
                     continue  # executor bookkeeping, not an operation
                 part = next((part for part, test in PARTS if test(name)), "other elementwise work")
-                parts[part] += event.duration_ps / 1e9 / steps
+                parts[part] += event.duration_ps / 1e12 / steps
     return parts
 
 
@@ -160,8 +160,8 @@ def main():
         total = sum(parts.values())
         print("\n| part of the step | thread-s per step | share |\n| --- | ---: | ---: |")
         for part, seconds in parts.most_common():
-            print(f"| {part} | {seconds:.2f} | {seconds / total:.0%} |")
-        print(f"| all | {total:.2f} | |")
+            print(f"| {part} | {seconds:.4f} | {seconds / total:.0%} |")
+        print(f"| all | {total:.4f} | |")
         matmul = parts["matmuls"]
         if matmul:
             print(f"\nmatmuls: {flops / matmul / 1e9:.0f} GFLOP/s per thread while they run")
