@@ -65,7 +65,7 @@ def plot(bars, path, title):
     ]
     axes.barh(list(positions), values, color=colours)
     for position, (_, value, target) in zip(positions, bars):
-        axes.text(value, position, f" {value:.2f}", va="center")
+        axes.text(max(value, target or 0), position, f" {value:.3g}", va="center")
         if target is not None:
             axes.plot([target, target], [position - 0.4, position + 0.4], color="black", linewidth=2)
     axes.set_yticks(list(positions), [label for label, _, _ in bars])
