@@ -28,6 +28,9 @@ import time
 
 import keras
 import numpy as np
+from fit_timing import StepTimes
+from fit_timing import fit_batches
+from fit_timing import one_batch_per_shape
 
 import keras_transformer as kt
 from keras_transformer.data import SubwordTokenizer
@@ -36,14 +39,6 @@ from keras_transformer.data import read_parallel_text
 
 DEFAULT_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "multi30k")
 ARCHITECTURE = {"num_layers": 3, "d_model": 256, "d_ff": 1024, "num_heads": 4, "dropout": 0.1}
-
-
-class StepTimes(keras.callbacks.Callback):
-    def on_train_begin(self, logs=None):
-        self.times = [time.perf_counter()]
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.times.append(time.perf_counter())
 
 
 def bucketed_batches(corpus, tokenizer, tokens_per_batch, count):
@@ -87,26 +82,6 @@ def padding_fraction(batches):
     return 1 - real / padded
 
 
-def shape_of(batch):
-    inputs, labels = batch
-    return inputs["source_ids"].shape, labels.shape
-
-
-def train(model, batches, callbacks=()):
-    import tensorflow as tf
-
-    # A dataset with variable lengths declared: Keras infers a Python
-    # generator's shapes from its first batches, and would fix the length.
-    ids = tf.TensorSpec([None, None], tf.int32)
-    dataset = tf.data.Dataset.from_generator(
-        lambda: iter(batches),
-        output_signature=({"source_ids": ids, "target_ids": ids}, ids),
-    )
-    model.fit(
-        dataset, steps_per_epoch=len(batches), epochs=1, verbose=0, callbacks=list(callbacks)
-    )
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", default=DEFAULT_DATA)
@@ -133,6 +108,7 @@ def main():
     pairs_per_batch = round(np.mean([labels.shape[0] for _, labels in kinds["bucketed"]]))
     kinds["padded"] = padded_batches(corpus, tokenizer, pairs_per_batch, count)
 
+    padding = {kind: padding_fraction(batches) for kind, batches in kinds.items()}
     models = {}
     for kind, batches in kinds.items():
         keras.utils.set_random_seed(0)
@@ -140,13 +116,11 @@ def main():
             "small", vocabulary_size=tokenizer.vocabulary_size, **ARCHITECTURE
         )
         kt.training.compile_model(model, warmup_steps=4000)
-        shapes = {}
-        for batch in batches:
-            shapes.setdefault(shape_of(batch), batch)
+        warmup = one_batch_per_shape(batches)
         start = time.perf_counter()
-        train(model, list(shapes.values()))
-        print(f"{kind}: {len(shapes)} batch shapes, warm-up {time.perf_counter() - start:.0f}s, "
-              f"padding {padding_fraction(batches):.1%}", flush=True)
+        fit_batches(model, warmup)
+        print(f"{kind}: {len(warmup)} batch shapes, warm-up {time.perf_counter() - start:.0f}s, "
+              f"padding {padding[kind]:.1%}", flush=True)
         models[kind] = model
 
     seconds = {kind: 0.0 for kind in kinds}
@@ -156,8 +130,8 @@ def main():
         for kind in order:
             chunk = kinds[kind][round_index * args.steps:(round_index + 1) * args.steps]
             timer = StepTimes()
-            train(models[kind], chunk, [timer])
-            seconds[kind] += timer.times[-1] - timer.times[0]
+            fit_batches(models[kind], chunk, [timer])
+            seconds[kind] += timer.ends[-1] - timer.begin
             tokens[kind] += sum(int((labels != 0).sum()) for _, labels in chunk)
         print(f"round {round_index + 1}/{args.rounds}: " + ", ".join(
             f"{kind} {tokens[kind] / seconds[kind]:,.0f} target tokens/s" for kind in kinds),
@@ -169,14 +143,14 @@ def main():
         "padded_pairs_per_batch": pairs_per_batch,
         "steps": count,
     }
-    print(f"\n| batches | pairs per batch | padding | non-padding target tokens/s |\n"
+    print("\n| batches | pairs per batch | padding | non-padding target tokens/s |\n"
           "| --- | ---: | ---: | ---: |")
     for kind, batches in kinds.items():
         rate = tokens[kind] / seconds[kind]
         pairs = np.mean([labels.shape[0] for _, labels in batches])
-        report[kind] = {"padding_fraction": padding_fraction(batches),
+        report[kind] = {"padding_fraction": padding[kind],
                         "target_tokens_per_second": rate, "mean_pairs_per_batch": float(pairs)}
-        print(f"| {kind} | {pairs:.0f} | {padding_fraction(batches):.1%} | {rate:,.0f} |")
+        print(f"| {kind} | {pairs:.0f} | {padding[kind]:.1%} | {rate:,.0f} |")
     report["bucketed/padded"] = (
         report["bucketed"]["target_tokens_per_second"] / report["padded"]["target_tokens_per_second"]
     )

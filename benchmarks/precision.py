@@ -18,6 +18,9 @@ import time
 
 import keras
 import numpy as np
+from fit_timing import StepTimes
+from fit_timing import fit_batches
+from fit_timing import one_batch_per_shape
 
 import keras_transformer as kt
 from keras_transformer.data import SubwordTokenizer
@@ -26,14 +29,6 @@ from keras_transformer.data import read_parallel_text
 
 DEFAULT_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "multi30k")
 ARCHITECTURE = {"num_layers": 3, "d_model": 256, "d_ff": 1024, "num_heads": 4, "dropout": 0.3}
-
-
-class StepTimes(keras.callbacks.Callback):
-    def on_train_begin(self, logs=None):
-        self.times = [time.perf_counter()]
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.times.append(time.perf_counter())
 
 
 def main():
@@ -55,23 +50,7 @@ def main():
         make_dataset(corpus, tokenizer, args.tokens_per_batch, max_length=128, seed=0)
         .take(args.steps * args.rounds + 1)
     )
-    # One batch of each shape among them, to compile every shape first.
-    shapes = {}
-    for inputs, labels in batches:
-        shapes.setdefault((tuple(inputs["source_ids"].shape), tuple(labels.shape)), (inputs, labels))
-    warmup = list(shapes.values())
-
-    def generator(items):
-        import tensorflow as tf
-
-        return tf.data.Dataset.from_generator(
-            lambda: iter(items),
-            output_signature=(
-                {"source_ids": tf.TensorSpec([None, None], tf.int32),
-                 "target_ids": tf.TensorSpec([None, None], tf.int32)},
-                tf.TensorSpec([None, None], tf.int32),
-            ),
-        )
+    warmup = one_batch_per_shape(batches)  # compiles every shape first
 
     models = {}
     for dtype in ("float32", "mixed_bfloat16"):
@@ -82,8 +61,7 @@ def main():
         )
         kt.training.compile_model(model, warmup_steps=2000)
         start = time.perf_counter()
-        # One pass over every bucket's shapes, so no round compiles.
-        model.fit(generator(warmup), steps_per_epoch=len(warmup), epochs=1, verbose=0)
+        fit_batches(model, warmup)
         print(f"{dtype}: warm-up on {len(warmup)} batch shapes {time.perf_counter() - start:.0f}s", flush=True)
         models[dtype] = model
 
@@ -91,11 +69,12 @@ def main():
     tokens = {dtype: 0 for dtype in models}
     for round_index in range(args.rounds):
         chunk = batches[round_index * args.steps : (round_index + 1) * args.steps]
+        chunk_tokens = sum(int((labels.numpy() != 0).sum()) for _, labels in chunk)
         for dtype, model in models.items():
             timer = StepTimes()
-            model.fit(generator(chunk), steps_per_epoch=len(chunk), epochs=1, verbose=0, callbacks=[timer])
-            step_times[dtype] += list(np.diff(timer.times))
-            tokens[dtype] += sum(int((labels.numpy() != 0).sum()) for _, labels in chunk)
+            fit_batches(model, chunk, [timer])
+            step_times[dtype] += list(np.diff([timer.begin] + timer.ends))
+            tokens[dtype] += chunk_tokens
         print(f"round {round_index + 1}/{args.rounds}: " + ", ".join(
             f"{d} {np.median(t) * 1000:.0f} ms/step" for d, t in step_times.items()), flush=True)
 

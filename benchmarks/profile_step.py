@@ -17,39 +17,14 @@ thread-seconds per step: the two compute threads' busy time added up.
 import argparse
 import collections
 import glob
-import importlib.util
-import os
 import sys
 import tempfile
 import time
 
 import keras
 import numpy as np
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def load_training_speed():
-    spec = importlib.util.spec_from_file_location(
-        "training_speed", os.path.join(HERE, "training_speed.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-class StepTimes(keras.callbacks.Callback):
-    def on_train_begin(self, logs=None):
-        self.begin = time.perf_counter()
-        self.ends = []
-
-    def on_train_batch_begin(self, batch, logs=None):
-        if batch == 0:
-            self.first = time.perf_counter()
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.ends.append(time.perf_counter())
-
+import training_speed as speed
+from fit_timing import StepTimes
 
 PARTS = [
     # (part, test on the operation's name), the first that matches.
@@ -101,24 +76,12 @@ def main():
     if args.profile and keras.backend.backend() != "tensorflow":
         parser.error(f"--profile reads TensorFlow's trace; the backend is {keras.backend.backend()}")
 
-    speed = load_training_speed()
     size = dict(speed.SIZES[args.size])
     batch_size, length = size["batch_size"], size["length"]
-    architecture = {key: size[key] for key in ("vocabulary_size", "num_layers", "d_model", "num_heads")}
     keras.utils.set_random_seed(0)
-    model = speed.build_transformer(
-        "base", **architecture, d_ff=4 * size["d_model"], dropout=speed.DROPOUT,
-        dtype=None if args.precision == "float32" else args.precision,
-    )
+    model = speed.our_model(size, dtype=None if args.precision == "float32" else args.precision)
     speed.compile_model(model, warmup_steps=speed.WARMUP_STEPS, label_smoothing=speed.LABEL_SMOOTHING)
-    rng = np.random.default_rng(0)
-    rows = batch_size * args.steps
-
-    def random_ids():
-        return rng.integers(speed.FIRST_ID, size["vocabulary_size"], (rows, length)).astype("int32")
-
-    inputs = {"source_ids": random_ids(), "target_ids": random_ids()}
-    labels = random_ids()
+    inputs, labels = speed.random_data(size, args.steps)
 
     def fit(steps, callbacks=()):
         model.fit(

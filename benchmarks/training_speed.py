@@ -101,6 +101,7 @@ build_transformer, compile_model = import_package()
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+from fit_timing import StepTimes  # noqa: E402
 
 
 def matmul_flops(num_layers, d_model, vocabulary_size, batch_size, length, **_):
@@ -254,23 +255,14 @@ class KerasContender:
         pipeline that Keras makes of arrays can idle for seconds at the end.
         """
         rows = steps * self.batch_size
-        timer = StepTimer()
+        timer = StepTimes()
         self.model.fit(
             {key: value[:rows] for key, value in self.inputs.items()},
             self.labels[:rows],
             batch_size=self.batch_size, epochs=1, verbose=0, shuffle=False,
             callbacks=[timer],
         )
-        return timer.last_end - timer.first_begin
-
-
-class StepTimer(keras.callbacks.Callback):
-    def on_train_batch_begin(self, batch, logs=None):
-        if batch == 0:
-            self.first_begin = time.perf_counter()
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.last_end = time.perf_counter()
+        return timer.ends[-1] - timer.first
 
 
 def keras_hub_transformer(vocabulary_size, num_layers, d_model, num_heads, dtype):
@@ -435,6 +427,24 @@ def optional_import(name):
         return None, f"{name} does not import: {type(error).__name__}: {error}"
 
 
+def our_model(size, dtype=None):
+    """`build_transformer` at `size`, as every contender is: d_ff = 4 * d_model."""
+    architecture = {key: size[key] for key in ("vocabulary_size", "num_layers", "d_model", "num_heads")}
+    return build_transformer("base", **architecture, d_ff=4 * size["d_model"], dropout=DROPOUT, dtype=dtype)
+
+
+def random_data(size, steps, seed=0):
+    """Random token ids for `steps` steps: `({"source_ids", "target_ids"}, labels)`,
+    each int32 `[batch_size * steps, length]`, no padding."""
+    rng = np.random.default_rng(seed)
+    shape = (size["batch_size"] * steps, size["length"])
+
+    def random_ids():
+        return rng.integers(FIRST_ID, size["vocabulary_size"], shape).astype("int32")
+
+    return {"source_ids": random_ids(), "target_ids": random_ids()}, random_ids()
+
+
 def build_contenders(args, size, inputs, labels, skipped):
     """The contenders in turn order, with their build times."""
     dtype = None if args.precision == "float32" else args.precision
@@ -449,9 +459,7 @@ def build_contenders(args, size, inputs, labels, skipped):
         contender = KerasContender(name, model, inputs, labels, size["batch_size"])
         built.append((contender, time.perf_counter() - start))
 
-    keras_contender("ours", lambda: build_transformer(
-        "base", **architecture, d_ff=4 * size["d_model"], dropout=DROPOUT, dtype=dtype
-    ))
+    keras_contender("ours", lambda: our_model(size, dtype))
     if "keras_hub" in args.contenders:
         keras_hub, reason = optional_import("keras_hub")
         if keras_hub is None:
@@ -495,14 +503,7 @@ def data_parallel_scope(enabled):
 def run(args):
     size = dict(SIZES[args.size])
     batch_size, length = size["batch_size"], size["length"]
-    rows = batch_size * args.steps
-    rng = np.random.default_rng(0)
-
-    def random_ids():
-        return rng.integers(FIRST_ID, size["vocabulary_size"], (rows, length)).astype("int32")
-
-    inputs = {"source_ids": random_ids(), "target_ids": random_ids()}
-    labels = random_ids()
+    inputs, labels = random_data(size, args.steps)
     device, device_name = keras_device()
     keras_framework = keras.backend.backend()
     skipped = {}

@@ -15,6 +15,10 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "training_s
 
 
 def load_benchmark():
+    # The script imports its sibling `fit_timing`, as a script run from
+    # `benchmarks/` would find it.
+    if os.path.dirname(SCRIPT) not in sys.path:
+        sys.path.insert(0, os.path.dirname(SCRIPT))
     spec = importlib.util.spec_from_file_location("training_speed", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
