@@ -17,8 +17,10 @@ def token_log_probabilities(labels, logits):
         `(label_log_probs, mean_log_probs)`, each float32 `[B, T]`.
     """
     log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
-    labels = ops.one_hot(ops.cast(labels, "int32"), log_probs.shape[-1], dtype="float32")
-    label_log_probs = ops.sum(log_probs * labels, axis=-1)
+    one_hot_labels = ops.one_hot(
+        ops.cast(labels, "int32"), log_probs.shape[-1], dtype="float32"
+    )
+    label_log_probs = ops.sum(log_probs * one_hot_labels, axis=-1)
     return label_log_probs, ops.mean(log_probs, axis=-1)
 
 
