@@ -31,7 +31,7 @@ PARTS = [
     ("Adam update", lambda name: "/adam/" in name),
     ("loss and metrics over the vocabulary",
      lambda name: any(word in name for word in (
-         "compile_loss", "LogSoftmax", "one_hot", "ArgMax", "perplexity",
+         "compile_loss", "LogSoftmax", "ArgMax", "perplexity",
          "masked_token_accuracy", "target_tokens"))),
     ("matmuls", lambda name: name.endswith(("MatMul", "Einsum", "BatchMatMulV2"))),
     ("layer norm", lambda name: "_norm" in name),

@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from keras_transformer.losses import non_padding_mask, token_log_probabilities
+from keras_transformer.losses import label_negative_log_likelihood, non_padding_mask
 
 
 class _TokenMetric(keras.metrics.Metric):
@@ -71,8 +71,7 @@ class Perplexity(_TokenMetric):
         super().__init__(padding_id=padding_id, name=name, **kwargs)
 
     def per_token(self, y_true, y_pred):
-        label_log_probs, _ = token_log_probabilities(y_true, y_pred)
-        return -label_log_probs
+        return label_negative_log_likelihood(y_true, y_pred)
 
     def result(self):
         return ops.exp(self.mean())
