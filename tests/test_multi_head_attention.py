@@ -1,3 +1,5 @@
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -98,7 +100,11 @@ def test_keras_masks_are_read_from_inputs(rng):
     embedded = keras.layers.Embedding(10, D, mask_zero=True)(ids)
     query = rng.normal(size=(2, 3, D)).astype("float32")
     layer = MultiHeadAttention(num_heads=H)
-    _, scores = layer(query, embedded, return_attention_scores=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, scores = layer(query, embedded, return_attention_scores=True)
+    # The projections inside do not complain that they drop the mask.
+    assert not [w for w in caught if "mask" in str(w.message)], caught
     scores = to_numpy(scores)
     assert np.all(scores[0, :, :, 3:] == 0) and np.all(scores[1, :, :, 2:] == 0)
     np.testing.assert_allclose(scores.sum(-1), 1.0, atol=1e-5)

@@ -206,12 +206,8 @@ class MultiHeadAttention(keras.layers.Layer):
     ):
         # Keras masks carried by the inputs (the `_keras_mask` attribute of
         # the Keras masking guide) are merged into the attention mask below.
-        # The projections get unmasked copies: they would warn that they
-        # drop the masks.
-        query, value, key = (
-            ops.copy(x) if getattr(x, "_keras_mask", None) is not None else x
-            for x in (query, value, key)
-        )
+        # The projections see `[B * T, d]` reshapes, which carry no mask, so
+        # they do not warn that they drop one.
         query_heads = self._per_token(self.query_dense, query)  # [B, T, N, H]
         if cache is not None and cache_update_index is None:
             key_heads, value_heads = cache  # [B, S, N, H], computed once
