@@ -2,7 +2,7 @@ import keras
 import numpy as np
 import pytest
 
-from keras_transformer.optimizers import transformer_adam
+from keras_transformer.optimizers import Adam, transformer_adam
 from keras_transformer.schedules import TransformerSchedule
 
 from conftest import to_numpy
@@ -84,3 +84,34 @@ def test_a_scale_multiplies_the_formula(step_num):
 def test_rejects_non_positive_arguments(arguments, named):
     with pytest.raises(ValueError, match=f"must be a positive finite number. Received: {named}"):
         TransformerSchedule(**arguments)
+
+
+@pytest.mark.parametrize("amsgrad", [False, True])
+def test_adam_updates_as_keras_adam_does(amsgrad):
+    """Our Adam (one kernel per variable under TensorFlow) against Keras's."""
+    rng = np.random.default_rng(0)
+    start = [rng.normal(size=(4, 3)).astype("float32"), rng.normal(size=3).astype("float32")]
+    grads = [[rng.normal(size=w.shape).astype("float32") for w in start] for _ in range(5)]
+
+    def trained_with(optimizer_class):
+        optimizer = optimizer_class(
+            1e-2, beta_1=0.9, beta_2=0.98, epsilon=1e-9, amsgrad=amsgrad
+        )
+        variables = [keras.Variable(w) for w in start]
+        for step_grads in grads:
+            optimizer.apply_gradients(
+                zip([keras.ops.convert_to_tensor(g) for g in step_grads], variables)
+            )
+        return [to_numpy(v) for v in variables]
+
+    ours, reference = trained_with(Adam), trained_with(keras.optimizers.Adam)
+    assert not np.allclose(ours[0], start[0])
+    for mine, theirs in zip(ours, reference):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_paper_adam_is_ours_and_round_trips():
+    optimizer = keras.optimizers.deserialize(
+        keras.optimizers.serialize(transformer_adam(256, 100, clipnorm=1.0))
+    )
+    assert isinstance(optimizer, Adam) and optimizer.clipnorm == 1.0
