@@ -1,6 +1,7 @@
 """The backend check, torch's thread policy and the quiet command line."""
 
 import os
+import platform
 import subprocess
 import sys
 
@@ -106,3 +107,56 @@ def test_torch_threads_wait_passively_unless_told_otherwise(monkeypatch):
             monkeypatch.setenv("OMP_WAIT_POLICY", preset)
         environment.set_thread_policy(backend)
         assert os.environ.get("OMP_WAIT_POLICY") == expected
+
+
+# Loads environment.py alone (the package would import TensorFlow), lets it
+# set malloc up for a backend, then allocates 64 MB and reports how much of
+# the process's memory is in memory maps (glibc's mallinfo2).
+MALLOC_PROBE = """
+import ctypes, importlib.util, sys
+spec = importlib.util.spec_from_file_location("environment", sys.argv[1])
+environment = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(environment)
+changed = environment.allocate_from_the_heap(sys.argv[2])
+block = bytearray(64 << 20)
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"
+    ).split()]
+
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = MallInfo2
+print(changed, libc.mallinfo2().hblkhd >= len(block))
+"""
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
+    reason="mallopt and mallinfo2 are glibc's",
+)
+@pytest.mark.parametrize(
+    "backend, user_setting, expected",
+    [
+        ("torch", None, "True False"),
+        ("jax", None, "True False"),
+        ("tensorflow", None, "False True"),
+        ("torch", ("MALLOC_MMAP_THRESHOLD_", str(1 << 20)), "False True"),
+        ("torch", ("GLIBC_TUNABLES", "glibc.malloc.mmap_max=65536"), "False True"),
+    ],
+)
+def test_large_tensors_come_from_the_heap_under_torch_and_jax(backend, user_setting, expected):
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith("MALLOC_") and name not in ("LD_PRELOAD", "GLIBC_TUNABLES")
+    }
+    if user_setting:
+        env[user_setting[0]] = user_setting[1]
+    result = subprocess.run(
+        [sys.executable, "-c", MALLOC_PROBE, environment.__file__, backend],
+        env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    # "changed maps": a 64 MB block is mapped unless malloc was changed.
+    assert result.stdout.split() == expected.split()
