@@ -31,6 +31,10 @@ def _add_search_arguments(parser):
     parser.add_argument("--alpha", type=float, help="length penalty exponent (saved default: 0.6)")
     parser.add_argument("--batch-size", type=int, help="sentences decoded together")
     parser.add_argument("--max-extra-length", type=int, help="output tokens allowed beyond the source's")
+    parser.add_argument(
+        "--quantize", choices=["int8"],
+        help="decode with int8 attention and feed-forward kernels (Keras's quantization)",
+    )
 
 
 def _load_translator(args):
@@ -38,7 +42,7 @@ def _load_translator(args):
 
     overrides = {
         name: getattr(args, name)
-        for name in ("beam_size", "alpha", "batch_size", "max_extra_length")
+        for name in ("beam_size", "alpha", "batch_size", "max_extra_length", "quantize")
         if getattr(args, name) is not None
     }
     return Translator.load(args.model_dir, **overrides)

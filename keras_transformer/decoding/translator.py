@@ -18,6 +18,8 @@ from keras_transformer.decoding.beam_search import beam_search
 from keras_transformer.decoding.beam_search import check_alpha
 from keras_transformer.decoding.beam_search import greedy_search
 from keras_transformer.decoding.compiled import CompiledFunction
+from keras_transformer.models.quantization import check_quantization_mode
+from keras_transformer.models.quantization import quantized
 
 CONFIG_FILE = "translator.json"
 MODEL_FILE = "model.keras"
@@ -152,6 +154,9 @@ class Translator:
             longer lines are truncated.
         batch_size: sentences decoded together.
         jit_compile: compile with XLA under TensorFlow.
+        quantize: None, or "int8" to decode with a copy of `model` whose
+            attention and feed-forward kernels are int8
+            (`keras_transformer.models.quantized`); `model` is unchanged.
 
     Example:
         >>> translator = Translator.load("runs/quickstart")
@@ -169,6 +174,7 @@ class Translator:
         max_source_length=256,
         batch_size=32,
         jit_compile=False,
+        quantize=None,
     ):
         for name, value, least in (
             ("beam_size", beam_size, 1),
@@ -181,13 +187,15 @@ class Translator:
                     f"{name} must be an integer >= {least}. Received: {name}={value!r}"
                 )
         check_alpha(alpha)
+        check_quantization_mode(quantize)
         if tokenizer.vocabulary_size != model.vocabulary_size:
             raise ValueError(
                 "The tokenizer and the model disagree on the vocabulary: "
                 f"tokenizer.vocabulary_size={tokenizer.vocabulary_size}, "
                 f"model.vocabulary_size={model.vocabulary_size}"
             )
-        self.model = model
+        self.model = quantized(model, quantize) if quantize else model
+        self.quantize = quantize
         self.tokenizer = tokenizer
         self.beam_size = beam_size
         self.alpha = float(alpha)
@@ -197,7 +205,7 @@ class Translator:
         self.jit_compile = jit_compile
         self._source_lengths = bucket_lengths(max_source_length, step=1.5)
         self._search = CompiledFunction(
-            self._search_batch, model, input_ranks=(2, 1), jit_compile=jit_compile
+            self._search_batch, self.model, input_ranks=(2, 1), jit_compile=jit_compile
         )
 
     def _search_batch(self, source_ids, sentence_max_length):
@@ -338,6 +346,7 @@ class Translator:
             "max_extra_length": self.max_extra_length,
             "max_source_length": self.max_source_length,
             "batch_size": self.batch_size,
+            "quantize": self.quantize,
         }
 
     def save(self, directory):

@@ -19,6 +19,8 @@ from keras_transformer.layers import TokenEmbedding
 from keras_transformer.layers import TransformerDecoderBlock
 from keras_transformer.layers import TransformerEncoderBlock
 from keras_transformer.models.presets import PRESETS
+from keras_transformer.models.quantization import quantization_mode
+from keras_transformer.models.quantization import quantize_in_place
 
 PADDING_ID = 0
 # Dropout seeds are stored in 32 bits (JAX's seed dtype) with room for the
@@ -456,7 +458,7 @@ class Transformer(keras.Model):
         return weights
 
     def get_config(self):
-        return {
+        config = {
             "name": self.name,
             "trainable": self.trainable,
             "dtype": keras.dtype_policies.serialize(self.dtype_policy),
@@ -472,6 +474,11 @@ class Transformer(keras.Model):
             "layer_norm_epsilon": self.layer_norm_epsilon,
             "seed": self.seed,
         }
+        mode = quantization_mode(self)
+        if mode is not None:
+            # The layers are rebuilt quantized, so that the int8 kernels load.
+            config["quantization_mode"] = mode
+        return config
 
     # === Saving ===
     def _random_states(self):
@@ -506,7 +513,11 @@ class Transformer(keras.Model):
         config = dict(config)
         if isinstance(config.get("dtype"), dict):
             config["dtype"] = keras.dtype_policies.deserialize(config["dtype"])
-        return cls(**config)
+        mode = config.pop("quantization_mode", None)
+        model = cls(**config)
+        if mode is not None:
+            quantize_in_place(model, mode)
+        return model
 
 
 def _check_arguments(dropout, attention_dropout, layer_norm_epsilon, **sizes):

@@ -1,0 +1,64 @@
+"""Weight quantization of a trained model, for decoding.
+
+Keras's post-training quantization (`Model.quantize`) stores the kernels of
+`Dense` and `EinsumDense` layers (here: the attention projections and the
+feed-forward networks) as int8 with a scale per output unit, and quantizes
+each activation row on the fly. The shared token embedding, the layer norms
+and the position encoding stay in their float dtype.
+"""
+
+import warnings
+
+QUANTIZATION_MODES = ("int8",)
+
+
+def check_quantization_mode(mode):
+    """Raises ValueError unless `mode` is None or one of `QUANTIZATION_MODES`."""
+    if mode is not None and mode not in QUANTIZATION_MODES:
+        raise ValueError(
+            f"quantize must be None or one of {', '.join(QUANTIZATION_MODES)}. "
+            f"Received: quantize={mode!r}"
+        )
+    return mode
+
+
+def quantization_mode(model):
+    """The mode `model`'s layers are quantized to, or None."""
+    modes = {
+        layer.quantization_mode
+        for layer in model._flatten_layers(include_self=False)
+        if getattr(layer, "quantization_mode", None)
+    }
+    if len(modes) > 1:
+        raise ValueError(f"The model mixes quantization modes: {sorted(modes)}")
+    return modes.pop() if modes else None
+
+
+def quantized(model, mode="int8"):
+    """A copy of the trained `Transformer` with its kernels quantized to `mode`.
+
+    `model` itself is unchanged; a model already quantized to `mode` is
+    returned as it is.
+    """
+    check_quantization_mode(mode)
+    current = quantization_mode(model)
+    if current == mode:
+        return model
+    if current is not None:
+        raise ValueError(
+            f"The model is already quantized to {current}; cannot quantize it "
+            f"to {mode}. Load the float model instead."
+        )
+    copy = type(model).from_config(model.get_config())
+    copy.set_weights(model.get_weights())
+    quantize_in_place(copy, mode)
+    return copy
+
+
+def quantize_in_place(model, mode):
+    """`model.quantize(mode)`, without Keras's warning for each layer that
+    has nothing to quantize (layer norms, embeddings, dropouts)."""
+    check_quantization_mode(mode)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*does not have a `quantize` method")
+        model.quantize(mode)

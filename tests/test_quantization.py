@@ -1,0 +1,118 @@
+"""int8 decoding: Keras's weight quantization of a trained model."""
+
+import keras
+import numpy as np
+import pytest
+from conftest import to_numpy
+
+import keras_transformer as kt
+from keras_transformer import cli
+from keras_transformer.data import SubwordTokenizer
+from keras_transformer.data import builtin_corpus
+from keras_transformer.decoding import Translator
+from keras_transformer.decoding import cached_step_function
+from keras_transformer.models import quantized
+from keras_transformer.models.quantization import quantization_mode
+
+SENTENCES = ["the old man sees the dog .", "a woman helps the small child .", "the cat ."]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return SubwordTokenizer.train(builtin_corpus("train", size=300, seed=0), 400)
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    keras.utils.set_random_seed(3)
+    return kt.build_transformer("tiny", vocabulary_size=tokenizer.vocabulary_size)
+
+
+def batch(tokenizer):
+    source_ids = np.array(
+        [[17, 25, 40, 9, tokenizer.eos_id], [8, 60, tokenizer.eos_id, 0, 0]], "int32"
+    )
+    target_ids = np.array(
+        [[tokenizer.bos_id, 17, 25, 40, 9], [tokenizer.bos_id, 8, 8, 60, 3]], "int32"
+    )
+    return {"source_ids": source_ids, "target_ids": target_ids}
+
+
+def test_a_quantized_copy_has_int8_kernels_and_the_model_is_unchanged(model, tokenizer):
+    inputs = batch(tokenizer)
+    before = to_numpy(model(inputs))
+    int8 = quantized(model)
+    assert quantization_mode(model) is None and quantization_mode(int8) == "int8"
+    quantized_layers = [
+        layer for layer in int8._flatten_layers() if getattr(layer, "quantization_mode", None)
+    ]
+    # Per block: 4 attention projections per attention, 2 feed-forward layers.
+    expected = model.num_layers * (4 + 2) + model.num_layers * (8 + 2)
+    assert len(quantized_layers) == expected
+    kernel = int8.encoder_blocks[0].self_attention.query_dense._kernel
+    assert keras.backend.standardize_dtype(kernel.dtype) == "int8"
+    np.testing.assert_array_equal(to_numpy(model(inputs)), before)
+    after = to_numpy(int8(inputs))
+    # Close to the float model's logits, but not the same numbers.
+    assert not np.array_equal(after, before)
+    assert np.corrcoef(after.ravel(), before.ravel())[0, 1] > 0.99
+
+
+def test_cached_int8_steps_equal_full_int8_recomputation(model, tokenizer):
+    int8 = quantized(model)
+    inputs = batch(tokenizer)
+    full = to_numpy(int8(inputs))
+    step_fn, state = cached_step_function(int8, inputs["source_ids"], max_length=5)
+    for index in range(5):
+        logits, state = step_fn(inputs["target_ids"], index, state)
+        np.testing.assert_allclose(to_numpy(logits), full[:, index], atol=1e-4)
+
+
+def test_an_int8_model_saves_and_loads_quantized(model, tokenizer, tmp_path):
+    int8 = quantized(model)
+    path = str(tmp_path / "int8.keras")
+    int8.save(path)
+    loaded = keras.saving.load_model(path, compile=False)
+    assert quantization_mode(loaded) == "int8"
+    inputs = batch(tokenizer)
+    np.testing.assert_allclose(to_numpy(loaded(inputs)), to_numpy(int8(inputs)), atol=1e-6)
+    # Quantizing a quantized model again is a no-op, not a second rounding.
+    assert quantized(loaded) is loaded
+
+
+def test_translator_decodes_with_an_int8_copy_and_saves_the_setting(model, tokenizer, tmp_path):
+    float_translator = Translator(model, tokenizer, beam_size=2, max_extra_length=5)
+    translator = Translator(model, tokenizer, beam_size=2, max_extra_length=5, quantize="int8")
+    assert quantization_mode(translator.model) == "int8" and quantization_mode(model) is None
+    translations = translator.translate(SENTENCES)
+    assert len(translations) == len(SENTENCES)
+    translator.save(tmp_path / "int8")
+    loaded = Translator.load(tmp_path / "int8")
+    assert loaded.quantize == "int8" and quantization_mode(loaded.model) == "int8"
+    assert loaded.translate(SENTENCES) == translations
+    # A float translator's directory, loaded with quantize="int8".
+    float_translator.save(tmp_path / "float")
+    from_float = Translator.load(tmp_path / "float", quantize="int8")
+    assert from_float.translate(SENTENCES) == translations
+
+
+def test_cli_translates_with_int8_kernels(model, tokenizer, tmp_path, capsys):
+    Translator(model, tokenizer, beam_size=2, max_extra_length=5).save(tmp_path / "model")
+    source = tmp_path / "source.txt"
+    source.write_text("\n".join(SENTENCES) + "\n")
+    cli.main(["translate", "--model-dir", str(tmp_path / "model"), "--input", str(source), "--quantize", "int8"])
+    printed = capsys.readouterr().out.splitlines()
+    expected = Translator(model, tokenizer, beam_size=2, max_extra_length=5, quantize="int8").translate(SENTENCES)
+    assert printed == expected
+
+
+def test_unknown_quantization_modes_are_refused(model, tokenizer, tmp_path, capsys):
+    message = r"quantize must be None or one of int8\. Received: quantize='int4'"
+    with pytest.raises(ValueError, match=message):
+        Translator(model, tokenizer, quantize="int4")
+    with pytest.raises(ValueError, match=message):
+        quantized(model, "int4")
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["translate", "--model-dir", str(tmp_path), "--quantize", "float8"])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'float8'" in capsys.readouterr().err
