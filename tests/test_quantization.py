@@ -28,6 +28,11 @@ def model(tokenizer):
     return kt.build_transformer("tiny", vocabulary_size=tokenizer.vocabulary_size)
 
 
+@pytest.fixture(scope="module")
+def int8(model):
+    return quantized(model)
+
+
 def batch(tokenizer):
     source_ids = np.array(
         [[17, 25, 40, 9, tokenizer.eos_id], [8, 60, tokenizer.eos_id, 0, 0]], "int32"
@@ -38,10 +43,9 @@ def batch(tokenizer):
     return {"source_ids": source_ids, "target_ids": target_ids}
 
 
-def test_a_quantized_copy_has_int8_kernels_and_the_model_is_unchanged(model, tokenizer):
+def test_a_quantized_copy_has_int8_kernels_and_the_model_is_unchanged(model, int8, tokenizer):
     inputs = batch(tokenizer)
     before = to_numpy(model(inputs))
-    int8 = quantized(model)
     assert quantization_mode(model) is None and quantization_mode(int8) == "int8"
     quantized_layers = [
         layer for layer in int8._flatten_layers() if getattr(layer, "quantization_mode", None)
@@ -58,8 +62,7 @@ def test_a_quantized_copy_has_int8_kernels_and_the_model_is_unchanged(model, tok
     assert np.corrcoef(after.ravel(), before.ravel())[0, 1] > 0.99
 
 
-def test_cached_int8_steps_equal_full_int8_recomputation(model, tokenizer):
-    int8 = quantized(model)
+def test_cached_int8_steps_equal_full_int8_recomputation(int8, tokenizer):
     inputs = batch(tokenizer)
     full = to_numpy(int8(inputs))
     step_fn, state = cached_step_function(int8, inputs["source_ids"], max_length=5)
@@ -68,8 +71,7 @@ def test_cached_int8_steps_equal_full_int8_recomputation(model, tokenizer):
         np.testing.assert_allclose(to_numpy(logits), full[:, index], atol=1e-4)
 
 
-def test_an_int8_model_saves_and_loads_quantized(model, tokenizer, tmp_path):
-    int8 = quantized(model)
+def test_an_int8_model_saves_and_loads_quantized(int8, tokenizer, tmp_path):
     path = str(tmp_path / "int8.keras")
     int8.save(path)
     loaded = keras.saving.load_model(path, compile=False)
@@ -80,30 +82,22 @@ def test_an_int8_model_saves_and_loads_quantized(model, tokenizer, tmp_path):
     assert quantized(loaded) is loaded
 
 
-def test_translator_decodes_with_an_int8_copy_and_saves_the_setting(model, tokenizer, tmp_path):
-    float_translator = Translator(model, tokenizer, beam_size=2, max_extra_length=5)
+def test_translator_and_cli_decode_with_an_int8_copy(model, tokenizer, tmp_path, capsys):
     translator = Translator(model, tokenizer, beam_size=2, max_extra_length=5, quantize="int8")
     assert quantization_mode(translator.model) == "int8" and quantization_mode(model) is None
     translations = translator.translate(SENTENCES)
     assert len(translations) == len(SENTENCES)
+    # Saved with its setting, it loads quantized.
     translator.save(tmp_path / "int8")
     loaded = Translator.load(tmp_path / "int8")
     assert loaded.quantize == "int8" and quantization_mode(loaded.model) == "int8"
     assert loaded.translate(SENTENCES) == translations
-    # A float translator's directory, loaded with quantize="int8".
-    float_translator.save(tmp_path / "float")
-    from_float = Translator.load(tmp_path / "float", quantize="int8")
-    assert from_float.translate(SENTENCES) == translations
-
-
-def test_cli_translates_with_int8_kernels(model, tokenizer, tmp_path, capsys):
-    Translator(model, tokenizer, beam_size=2, max_extra_length=5).save(tmp_path / "model")
+    # A float translator's directory, quantized by the command line.
+    Translator(model, tokenizer, beam_size=2, max_extra_length=5).save(tmp_path / "float")
     source = tmp_path / "source.txt"
     source.write_text("\n".join(SENTENCES) + "\n")
-    cli.main(["translate", "--model-dir", str(tmp_path / "model"), "--input", str(source), "--quantize", "int8"])
-    printed = capsys.readouterr().out.splitlines()
-    expected = Translator(model, tokenizer, beam_size=2, max_extra_length=5, quantize="int8").translate(SENTENCES)
-    assert printed == expected
+    cli.main(["translate", "--model-dir", str(tmp_path / "float"), "--input", str(source), "--quantize", "int8"])
+    assert capsys.readouterr().out.splitlines() == translations
 
 
 def test_unknown_quantization_modes_are_refused(model, tokenizer, tmp_path, capsys):
