@@ -100,3 +100,31 @@ def test_matmul_peak_reports_both_dtypes(tmp_path):
     rates = json.loads(out.read_text())["flops_per_second"]["64"]
     assert rates["float32"] > 0 and rates["bfloat16"] > 0
     assert f"| 64 | {rates['float32'] / 1e9:,.0f} |" in stdout
+
+
+def test_int8_decoding_reports_speed_and_bleu_of_both(tmp_path):
+    import keras_transformer as kt
+    from keras_transformer.data import SubwordTokenizer
+    from keras_transformer.decoding import Translator
+
+    corpus = builtin_corpus("train", size=300, seed=0)
+    tokenizer = SubwordTokenizer.train(corpus, 400)
+    model = kt.build_transformer("tiny", vocabulary_size=tokenizer.vocabulary_size)
+    model_dir = tmp_path / "translator"
+    Translator(model, tokenizer, max_extra_length=4).save(model_dir)
+    # The quick start's layout: test.en and test.de beside the model.
+    (model_dir / "test.en").write_text("\n".join(corpus.sources[:3]) + "\n")
+    (model_dir / "test.de").write_text("\n".join(corpus.targets[:3]) + "\n")
+    out = tmp_path / "int8.json"
+    stdout = run_benchmark(
+        "int8_decoding.py", "--model-dir", str(model_dir), "--rounds", "1", "--json", str(out)
+    )
+    report = json.loads(out.read_text())
+    assert report["sentences"] == 3 and report["float_dtype_policy"] == "float32"
+    for precision in ("float", "int8"):
+        assert report[precision]["sentences_per_second"] > 0
+        assert 0 <= report[precision]["bleu"] <= 100
+    assert report["int8/float speed"] == pytest.approx(
+        report["float"]["seconds"] / report["int8"]["seconds"]
+    )
+    assert "int8 / float speed" in stdout
