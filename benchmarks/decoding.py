@@ -128,7 +128,9 @@ class KerasHubDecoder(keras.layers.Layer):
         return self.embedding(x, reverse=True)[:, 0], ops.stack(updated, axis=1)
 
 
-def keras_hub_beam_search(model, hub_decoder, source_ids, max_length, beam_size):
+def keras_hub_search(model, hub_decoder, source_ids, max_length, sampler):
+    """`sampler` (a keras-hub `GreedySampler` or `BeamSampler`) over the
+    cached keras-hub decoder, from BOS to `max_length` tokens."""
     encoder_output, _ = model.encode(source_ids)
     batch_size = ops.shape(source_ids)[0]
     head_dim = model.d_model // model.num_heads
@@ -152,7 +154,6 @@ def keras_hub_beam_search(model, hub_decoder, source_ids, max_length, beam_size)
         )
         return logits, None, (self_cache, cross_cache)
 
-    sampler = keras_hub.samplers.BeamSampler(num_beams=beam_size)
     return sampler(
         next_fn,
         prompt,
@@ -160,6 +161,11 @@ def keras_hub_beam_search(model, hub_decoder, source_ids, max_length, beam_size)
         index=1,
         mask=ops.equal(prompt, BOS),
     )
+
+
+def keras_hub_beam_search(model, hub_decoder, source_ids, max_length, beam_size):
+    sampler = keras_hub.samplers.BeamSampler(num_beams=beam_size)
+    return keras_hub_search(model, hub_decoder, source_ids, max_length, sampler)
 
 
 def timed(function, inputs, repeats):

@@ -128,3 +128,33 @@ def test_int8_decoding_reports_speed_and_bleu_of_both(tmp_path):
         report["float"]["seconds"] / report["int8"]["seconds"]
     )
     assert "int8 / float speed" in stdout
+
+
+def test_decoding_engines_time_every_contender_on_the_same_steps(tmp_path):
+    out = tmp_path / "engines.json"
+    stdout = run_benchmark(
+        "decoding_engines.py", "--presets", "tiny", "--batch-sizes", "2", "--source-length", "3",
+        "--output-length", "6", "--vocabulary-size", "300", "--rounds", "1", "--json", str(out),
+    )
+    (run,) = json.loads(out.read_text())["runs"]
+    rows = run["contenders"]
+    # Each system decoded exactly 6 tokens per sentence, or the script
+    # would have stopped: greedy and beam 4, float32 and int8.
+    expected = {
+        "ours", "ours, beam 4", "ours int8", "ours int8, beam 4",
+        "keras-hub GreedySampler", "keras-hub BeamSampler",
+        "transformers generate", "transformers generate, beam 4",
+        "ctranslate2 float32", "ctranslate2 float32, beam 4",
+        "ctranslate2 int8", "ctranslate2 int8, beam 4",
+    }
+    assert set(rows) == expected
+    # Every peer is set against ours with the same search and precision.
+    for name, row in rows.items():
+        if name.startswith("ours"):
+            continue
+        mine = "ours" + (" int8" if row["precision"] == "int8" else "")
+        mine += ", beam 4" if row["search"] == "beam 4" else ""
+        assert row["ours/this"] == pytest.approx(
+            rows[mine]["sentences_per_second"] / row["sentences_per_second"]
+        )
+    assert "| ctranslate2 int8, beam 4 | beam 4 | int8 |" in stdout

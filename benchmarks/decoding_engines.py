@@ -1,0 +1,390 @@
+"""Decoding speed against the engines people deploy: keras-hub, transformers, CTranslate2.
+
+    pip install -e ".[benchmarks]"     # transformers and ctranslate2
+    python benchmarks/decoding_engines.py --json results/engines_tensorflow.json
+    python benchmarks/decoding_engines.py --jit-compile        # XLA under TensorFlow
+    KERAS_BACKEND=jax python benchmarks/decoding_engines.py
+    python benchmarks/decoding_engines.py --presets small --batch-sizes 32 --rounds 1
+
+For each preset (small: 3+3 layers, d_model 256; base: 6+6, d_model 512) and
+each batch size, the same random source sentences (20 tokens, then EOS) are
+decoded to exactly `--output-length` tokens, greedily and with beam 4, by:
+
+- ours: `search_translations` with the cached decoder, compiled as the
+  `Translator` compiles it, in float32 and with Keras's int8 kernels
+  (`models.quantized`);
+- keras-hub: its cached `GreedySampler` and `BeamSampler` driving a stack of
+  keras-hub `TransformerDecoder` layers of the same size (see
+  `decoding.py`), on our encoder;
+- transformers: `MarianMTModel.generate` (greedy, `num_beams=4`), float32
+  on torch, whatever the Keras backend;
+- CTranslate2: that Marian model converted by CTranslate2's own converter,
+  `translate_batch` in float32 and in int8.
+
+All weights are random and EOS is banned (`eos_id=-1` for ours, keras-hub
+has no stop token, `min_new_tokens` for transformers, `min_decoding_length`
+for CTranslate2), so every system does the same number of steps; the script
+checks each output's length. The contenders take turns, one batch each per
+round, for `--rounds` rounds after a warm-up call, so that the ratios share
+the machine's noise. Reported: the median seconds per batch, sentences per
+second, the model's GFLOP per second (`decoding_flops`: the same count for
+every system, to set beside `matmul_peak.py`), and ours over each peer for
+the same search and precision.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import keras_hub  # noqa: E402
+import numpy as np  # noqa: E402
+from decoding import BOS, NEVER, KerasHubDecoder, keras_hub_search  # noqa: E402
+
+import keras_transformer as kt  # noqa: E402
+from keras_transformer.decoding import search_translations  # noqa: E402
+from keras_transformer.decoding.compiled import CompiledFunction  # noqa: E402
+
+BEAM = 4
+ALPHA = 0.6
+
+
+def ours(model, beam_size, output_length, source_length, jit_compile):
+    """`source_length` counts the source's EOS; outputs may reach
+    `source_length + max_extra_length` positions."""
+
+    def search(source, limit):
+        return search_translations(
+            model, source, limit, beam_size=beam_size, alpha=ALPHA,
+            max_extra_length=output_length - source_length,
+            bos_id=BOS, eos_id=NEVER,
+        )
+
+    compiled = CompiledFunction(search, model, [2, 1], jit_compile=jit_compile)
+
+    def run(source_ids):
+        limits = np.full((len(source_ids),), output_length, "int32")
+        ids, _ = compiled(source_ids, limits)
+        return [int(np.count_nonzero(row)) for row in ids[:, 0]]
+
+    return run
+
+
+def keras_hub_contender(model, hub_decoder, sampler, output_length, jit_compile):
+    class Both(keras.layers.Layer):  # the weights of both, for jax.jit
+        def __init__(self):
+            super().__init__()
+            self.parts = [model, hub_decoder]
+
+    compiled = CompiledFunction(
+        lambda source: keras_hub_search(model, hub_decoder, source, output_length, sampler),
+        Both(), [2], jit_compile=jit_compile,
+    )
+
+    def run(source_ids):
+        ids = compiled(source_ids)
+        return [int(np.count_nonzero(row[1:])) for row in ids]
+
+    return run
+
+
+# transformers and CTranslate2 ---------------------------------------------------
+
+MARIAN_EOS, MARIAN_UNK = 0, 1
+
+
+def marian_tokens(vocabulary_size):
+    """Marian's vocabulary layout: EOS first, UNK, then words, PAD last."""
+    words = [f"w{i}" for i in range(2, vocabulary_size - 1)]
+    return ["</s>", "<unk>"] + words + ["<pad>"]
+
+
+def random_marian(config):
+    """A `MarianMTModel` of the preset's size (post-LN, ReLU, sinusoids,
+    scaled and shared embeddings, as ours), with transformers' random
+    initialisation."""
+    import transformers
+
+    vocabulary_size = config["vocabulary_size"]
+    marian_config = transformers.MarianConfig(
+        vocab_size=vocabulary_size,
+        d_model=config["d_model"],
+        encoder_layers=config["num_layers"],
+        decoder_layers=config["num_layers"],
+        encoder_attention_heads=config["num_heads"],
+        decoder_attention_heads=config["num_heads"],
+        encoder_ffn_dim=config["d_ff"],
+        decoder_ffn_dim=config["d_ff"],
+        activation_function="relu",
+        max_position_embeddings=512,
+        scale_embedding=True,
+        share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=True,
+        eos_token_id=MARIAN_EOS,
+        pad_token_id=vocabulary_size - 1,
+        decoder_start_token_id=vocabulary_size - 1,
+    )
+    return transformers.MarianMTModel(marian_config).eval()
+
+
+def transformers_contender(marian, beam_size, output_length):
+    import torch
+
+    def run(source_ids):
+        input_ids = torch.from_numpy(marian_source(source_ids)).long()
+        with torch.inference_mode():
+            output = marian.generate(
+                input_ids=input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                num_beams=beam_size,
+                do_sample=False,
+                max_new_tokens=output_length,
+                min_new_tokens=output_length,
+                **({"length_penalty": ALPHA} if beam_size > 1 else {}),
+            )
+        # The first position is the decoder's start token.
+        return [int(np.count_nonzero(row[1:].numpy() != marian.config.pad_token_id)) for row in output]
+
+    return run
+
+
+def marian_source(source_ids):
+    """Our source ids (words, then EOS) as Marian's: the same words, Marian's EOS."""
+    marian = source_ids.copy()
+    marian[:, -1] = MARIAN_EOS
+    return marian
+
+
+class _Vocabulary:
+    """What CTranslate2's Marian loader reads of a tokenizer."""
+
+    eos_token = "</s>"
+    unk_token = "<unk>"
+
+    def __init__(self, tokens):
+        self.tokens = tokens
+
+    def get_vocab(self):
+        return {token: i for i, token in enumerate(self.tokens)}
+
+
+def converted_to_ctranslate2(marian, directory, quantization):
+    """The Marian model converted by CTranslate2's transformers converter."""
+    import ctranslate2
+
+    vocabulary = _Vocabulary(marian_tokens(marian.config.vocab_size))
+
+    class Converter(ctranslate2.converters.TransformersConverter):
+        def load_tokenizer(self, tokenizer_class, model_name_or_path, **kwargs):
+            return vocabulary  # random weights: there is no tokenizer to load
+
+    hf_directory = os.path.join(directory, "transformers")
+    if not os.path.exists(hf_directory):
+        marian.save_pretrained(hf_directory)
+    output = os.path.join(directory, f"ctranslate2_{quantization}")
+    Converter(hf_directory).convert(output, quantization=quantization, force=True)
+    return output, vocabulary.tokens
+
+
+def ctranslate2_contender(model_directory, tokens, compute_type, beam_size, output_length, threads):
+    import ctranslate2
+
+    translator = ctranslate2.Translator(
+        model_directory, device="cpu", compute_type=compute_type,
+        inter_threads=1, intra_threads=threads,
+    )
+
+    def run(source_ids):
+        batch = [[tokens[i] for i in row] for row in marian_source(source_ids)]
+        results = translator.translate_batch(
+            batch, beam_size=beam_size, max_batch_size=0,
+            max_decoding_length=output_length, min_decoding_length=output_length,
+            length_penalty=ALPHA, num_hypotheses=1,
+        )
+        return [len(result.hypotheses[0]) for result in results]
+
+    return run
+
+
+# the benchmark -------------------------------------------------------------------
+
+
+def decoding_flops(config, batch_size, source_length, output_length, beam_size):
+    """The model's multiply-adds, times 2, for one batch: the encoder, the
+    cross-attention keys and values once per sentence, then each of
+    `output_length` steps for every hypothesis (self-attention over the
+    positions so far, cross-attention, feed-forward, output projection).
+    Softmaxes, norms and the search's own work are not counted."""
+    d, d_ff, layers, V = config["d_model"], config["d_ff"], config["num_layers"], config["vocabulary_size"]
+    S = source_length
+    encoder = layers * (S * (4 * d * d + 2 * d * d_ff) + 2 * S * S * d)
+    cross_keys_values = layers * S * 2 * d * d
+    steps = sum(
+        layers * (6 * d * d + 2 * d * d_ff + 2 * (t + 1) * d + 2 * S * d) + d * V
+        for t in range(output_length)
+    )
+    return 2 * batch_size * (encoder + cross_keys_values + beam_size * steps)
+
+
+
+def contenders(preset, args, directory):
+    """{name: (search, precision, run(source_ids) -> output lengths)}."""
+    config = dict(kt.models.PRESETS[preset], vocabulary_size=args.vocabulary_size)
+    model = kt.build_transformer(preset, vocabulary_size=args.vocabulary_size)
+    hub_decoder = KerasHubDecoder(
+        args.vocabulary_size, config["num_layers"], config["d_model"], config["d_ff"], config["num_heads"]
+    )
+    hub_decoder.build((None, None, config["d_model"]))
+    length, xla = args.output_length, args.jit_compile
+    source_length = args.source_length + 1
+    found = {
+        "ours": ("greedy", "float32", ours(model, 1, length, source_length, xla)),
+        "ours, beam 4": ("beam 4", "float32", ours(model, BEAM, length, source_length, xla)),
+        "keras-hub GreedySampler": (
+            "greedy", "float32",
+            keras_hub_contender(model, hub_decoder, keras_hub.samplers.GreedySampler(), length, xla),
+        ),
+        "keras-hub BeamSampler": (
+            "beam 4", "float32",
+            keras_hub_contender(
+                model, hub_decoder, keras_hub.samplers.BeamSampler(num_beams=BEAM), length, xla
+            ),
+        ),
+    }
+    if "int8" in args.precisions:
+        int8_model = kt.models.quantized(model, "int8")
+        found["ours int8"] = ("greedy", "int8", ours(int8_model, 1, length, source_length, xla))
+        found["ours int8, beam 4"] = ("beam 4", "int8", ours(int8_model, BEAM, length, source_length, xla))
+    if "transformers" in args.peers or "ctranslate2" in args.peers:
+        marian = random_marian(config)
+    if "transformers" in args.peers:
+        found["transformers generate"] = ("greedy", "float32", transformers_contender(marian, 1, length))
+        found["transformers generate, beam 4"] = (
+            "beam 4", "float32", transformers_contender(marian, BEAM, length)
+        )
+    if "ctranslate2" in args.peers:
+        for precision in args.precisions:
+            model_directory, tokens = converted_to_ctranslate2(
+                marian, os.path.join(directory, preset), precision
+            )
+            for search, beam_size in (("greedy", 1), ("beam 4", BEAM)):
+                name = f"ctranslate2 {precision}" + (", beam 4" if beam_size > 1 else "")
+                found[name] = (
+                    search, precision,
+                    ctranslate2_contender(model_directory, tokens, precision, beam_size, length, args.threads),
+                )
+    return found
+
+
+def source_sentences(batch_size, args, seed):
+    rng = np.random.default_rng(seed)
+    words = rng.integers(4, args.vocabulary_size - 1, (batch_size, args.source_length))
+    return np.concatenate([words, np.full((batch_size, 1), 3)], axis=1).astype("int32")
+
+
+def benchmark(found, batch_size, args, config):
+    source_ids = source_sentences(batch_size, args, seed=batch_size)
+    seconds = {name: [] for name in found}
+    for name, (_, _, run) in found.items():  # warm-up: compiles, and checks lengths
+        lengths = run(source_ids)
+        if lengths != [args.output_length] * batch_size:
+            raise RuntimeError(
+                f"{name} did not decode {args.output_length} tokens per sentence: {lengths}"
+            )
+    for _ in range(args.rounds):
+        for name, (_, _, run) in found.items():
+            start = time.perf_counter()
+            run(source_ids)
+            seconds[name].append(time.perf_counter() - start)
+    rows = {}
+    for name, (search, precision, _) in found.items():
+        median = statistics.median(seconds[name])
+        flops = decoding_flops(
+            config, batch_size, args.source_length + 1, args.output_length,
+            BEAM if search == "beam 4" else 1,
+        )
+        rows[name] = {
+            "model_flops": flops, "flops_per_second": flops / median,
+            "search": search, "precision": precision, "seconds_per_batch": seconds[name],
+            "median_seconds": median, "sentences_per_second": batch_size / median,
+        }
+    for name, row in rows.items():
+        if name.startswith("ours"):
+            continue
+        mine = "ours" + (" int8" if row["precision"] == "int8" else "") + (
+            ", beam 4" if row["search"] == "beam 4" else ""
+        )
+        if mine in rows:
+            row["ours/this"] = rows[mine]["sentences_per_second"] / row["sentences_per_second"]
+    return rows
+
+
+def print_table(preset, batch_size, rows):
+    print(f"\n{preset}, batch {batch_size}")
+    print("| contender | search | precision | sentences/s | s per batch (median) | model GFLOP/s | ours / this |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
+    for name, row in sorted(rows.items(), key=lambda item: (item[1]["search"], item[1]["precision"])):
+        ratio = f"{row['ours/this']:.2f}" if "ours/this" in row else ""
+        print(
+            f"| {name} | {row['search']} | {row['precision']} | {row['sentences_per_second']:.1f} "
+            f"| {row['median_seconds']:.3f} | {row['flops_per_second'] / 1e9:.1f} | {ratio} |",
+            flush=True,
+        )
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--presets", nargs="+", default=["small", "base"], choices=sorted(kt.models.PRESETS))
+    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 32])
+    parser.add_argument("--source-length", type=int, default=20)
+    parser.add_argument("--output-length", type=int, default=40)
+    parser.add_argument("--vocabulary-size", type=int, default=8000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--peers", nargs="*", default=["transformers", "ctranslate2"],
+                        choices=["transformers", "ctranslate2"])
+    parser.add_argument("--precisions", nargs="+", default=["float32", "int8"], choices=["float32", "int8"])
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="CTranslate2's intra_threads")
+    parser.add_argument("--jit-compile", action="store_true", help="XLA under TensorFlow")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args()
+    if "float32" not in args.precisions:
+        parser.error("--precisions must include float32: ours in float32 is the reference")
+    if args.output_length <= args.source_length + 1:
+        parser.error("--output-length must exceed --source-length + 1 (the source's EOS)")
+    keras.utils.set_random_seed(0)
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        tf.get_logger().setLevel("ERROR")  # one tf.function per contender is by design
+    import torch
+
+    header = {
+        "backend": backend + (" (XLA)" if args.jit_compile and backend == "tensorflow" else ""),
+        "batch_sizes": args.batch_sizes, "source_length": args.source_length,
+        "output_length": args.output_length, "vocabulary_size": args.vocabulary_size,
+        "rounds": args.rounds, "torch_threads": torch.get_num_threads(),
+        "ctranslate2_threads": args.threads,
+    }
+    print(json.dumps(header))
+    results = dict(header, runs=[])
+    with tempfile.TemporaryDirectory() as directory:
+        for preset in args.presets:
+            found = contenders(preset, args, directory)
+            config = dict(kt.models.PRESETS[preset], vocabulary_size=args.vocabulary_size)
+            for batch_size in args.batch_sizes:
+                rows = benchmark(found, batch_size, args, config)
+                print_table(preset, batch_size, rows)
+                results["runs"].append({"preset": preset, "batch_size": batch_size, "contenders": rows})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
