@@ -26,7 +26,10 @@ has no stop token, `min_new_tokens` for transformers, `min_decoding_length`
 for CTranslate2), so every system does the same number of steps; the script
 checks each output's length. The contenders take turns, one batch each per
 round, for `--rounds` rounds after a warm-up call, so that the ratios share
-the machine's noise. Reported: the median seconds per batch, sentences per
+the machine's noise; before each turn the machine idles `--settle` seconds,
+so that no thread pool of the previous contender is still spinning
+(CTranslate2's and torch's OpenMP threads spin for a while after their work,
+and would slow whoever comes next). Reported: the median seconds per batch, sentences per
 second, the model's GFLOP per second (`decoding_flops`: the same count for
 every system, to set beside `matmul_peak.py`), and ours over each peer for
 the same search and precision.
@@ -298,6 +301,7 @@ def benchmark(found, batch_size, args, config):
             )
     for _ in range(args.rounds):
         for name, (_, _, run) in found.items():
+            time.sleep(args.settle)
             start = time.perf_counter()
             run(source_ids)
             seconds[name].append(time.perf_counter() - start)
@@ -345,6 +349,7 @@ def main():
     parser.add_argument("--output-length", type=int, default=40)
     parser.add_argument("--vocabulary-size", type=int, default=8000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--settle", type=float, default=0.5, help="idle seconds before each turn")
     parser.add_argument("--peers", nargs="*", default=["transformers", "ctranslate2"],
                         choices=["transformers", "ctranslate2"])
     parser.add_argument("--precisions", nargs="+", default=["float32", "int8"], choices=["float32", "int8"])

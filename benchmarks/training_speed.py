@@ -18,7 +18,10 @@ Three contenders of the same size train on the same random token ids:
 After a warm-up (whose first step, compilation included, is timed on its
 own), the contenders take turns, `--rounds` times, each training `--steps`
 steps per turn; the order rotates every round, so that the machine's drift
-falls on all of them alike. A turn is timed from the start of its first
+falls on all of them alike. Each turn starts after `--settle` idle seconds
+and one untimed step: without them, the contender after `torch.nn.Transformer`
+(always the same one, as the order rotates) shared the cores with the thread
+pool that torch left spinning, and ran up to a quarter slower. A turn is timed from the start of its first
 step to the device finishing its last (for the Keras contenders, inside
 `fit`: its setup and teardown are not counted). Reported per contender: target tokens per second (the median over
 turns), the warm-up, the peak memory, and the model FLOPs utilisation: the
@@ -546,6 +549,8 @@ def run(args):
     for turn in range(args.rounds):
         shift = turn % len(order)
         for contender in order[shift:] + order[:shift]:
+            time.sleep(args.settle)
+            contender.train(1)  # untimed: the previous contender's threads wind down
             framework = "torch" if contender.name == "torch" else "keras"
             memory[framework].reset()
             result = results[contender.name]
@@ -637,6 +642,8 @@ def main():
     parser.add_argument("--precision", choices=["float32", "mixed_bfloat16"], default="float32")
     parser.add_argument("--steps", type=int, default=20, help="timed steps per turn")
     parser.add_argument("--rounds", type=int, default=5, help="turns per contender")
+    parser.add_argument("--settle", type=float, default=1.0,
+                        help="idle seconds before each turn")
     parser.add_argument("--contenders", nargs="*", default=["keras_hub", "torch"],
                         choices=["keras_hub", "torch"], help="besides ours")
     parser.add_argument("--data-parallel", action="store_true",

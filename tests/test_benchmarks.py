@@ -134,7 +134,8 @@ def test_decoding_engines_time_every_contender_on_the_same_steps(tmp_path):
     out = tmp_path / "engines.json"
     stdout = run_benchmark(
         "decoding_engines.py", "--presets", "tiny", "--batch-sizes", "2", "--source-length", "3",
-        "--output-length", "6", "--vocabulary-size", "300", "--rounds", "1", "--json", str(out),
+        "--output-length", "6", "--vocabulary-size", "300", "--rounds", "1", "--settle", "0",
+        "--json", str(out),
     )
     (run,) = json.loads(out.read_text())["runs"]
     rows = run["contenders"]
