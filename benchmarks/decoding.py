@@ -128,6 +128,21 @@ class KerasHubDecoder(keras.layers.Layer):
         return self.embedding(x, reverse=True)[:, 0], ops.stack(updated, axis=1)
 
 
+class Weights(keras.layers.Layer):
+    """The weights of several layers as one, for `CompiledFunction`
+    (`jax.jit` takes every variable a function reads as an input)."""
+
+    def __init__(self, *layers):
+        super().__init__()
+        self.parts = list(layers)
+
+
+def random_sources(rng, batch_size, source_length, vocabulary_size):
+    """int32 `[batch_size, source_length + 1]`: random word ids, then EOS."""
+    words = rng.integers(4, vocabulary_size, (batch_size, source_length))
+    return np.concatenate([words, np.full((batch_size, 1), EOS)], axis=1).astype("int32")
+
+
 def keras_hub_search(model, hub_decoder, source_ids, max_length, sampler):
     """`sampler` (a keras-hub `GreedySampler` or `BeamSampler`) over the
     cached keras-hub decoder, from BOS to `max_length` tokens."""
@@ -186,13 +201,7 @@ def benchmark(preset, args):
     )
     hub_decoder.build((None, None, config["d_model"]))
     rng = np.random.default_rng(0)
-    source_ids = np.concatenate(
-        [
-            rng.integers(4, args.vocabulary_size, (args.batch_size, args.source_length)),
-            np.full((args.batch_size, 1), EOS),
-        ],
-        axis=1,
-    ).astype("int32")
+    source_ids = random_sources(rng, args.batch_size, args.source_length, args.vocabulary_size)
     max_length = args.output_length
     extra = max_length - source_ids.shape[1]
     limits = np.full((args.batch_size,), max_length, "int32")
@@ -202,11 +211,6 @@ def benchmark(preset, args):
             model, source, limit, beam_size=beam_size, alpha=0.6,
             max_extra_length=extra, bos_id=BOS, eos_id=NEVER,
         )
-
-    class Both(keras.layers.Layer):  # the weights of both routes, for jax.jit
-        def __init__(self):
-            super().__init__()
-            self.parts = [model, hub_decoder]
 
     routes = {
         "greedy, cached": (ours(1), model, (source_ids, limits)),
@@ -218,7 +222,7 @@ def benchmark(preset, args):
         ),
         "beam 4, keras-hub BeamSampler": (
             lambda source: keras_hub_beam_search(model, hub_decoder, source, max_length, 4),
-            Both(),
+            Weights(model, hub_decoder),
             (source_ids,),
         ),
     }

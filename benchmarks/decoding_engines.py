@@ -47,7 +47,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras  # noqa: E402
 import keras_hub  # noqa: E402
 import numpy as np  # noqa: E402
-from decoding import BOS, NEVER, KerasHubDecoder, keras_hub_search  # noqa: E402
+from decoding import (  # noqa: E402
+    BOS,
+    NEVER,
+    KerasHubDecoder,
+    Weights,
+    keras_hub_search,
+    random_sources,
+)
 
 import keras_transformer as kt  # noqa: E402
 from keras_transformer.decoding import search_translations  # noqa: E402
@@ -55,6 +62,17 @@ from keras_transformer.decoding.compiled import CompiledFunction  # noqa: E402
 
 BEAM = 4
 ALPHA = 0.6
+SEARCHES = {"greedy": 1, "beam 4": BEAM}  # search -> beam size
+
+
+def named(system, search):
+    """A contender's name: "ours", "ours int8, beam 4", ..."""
+    return system + (", beam 4" if search == "beam 4" else "")
+
+
+# Each contender is `prepare(source_ids) -> decode`: `prepare` turns the
+# sentences into the system's own inputs, untimed, and `decode()` decodes
+# them and returns each output's length, which the warm-up call checks.
 
 
 def ours(model, beam_size, output_length, source_length, jit_compile):
@@ -70,30 +88,28 @@ def ours(model, beam_size, output_length, source_length, jit_compile):
 
     compiled = CompiledFunction(search, model, [2, 1], jit_compile=jit_compile)
 
-    def run(source_ids):
+    def prepare(source_ids):
         limits = np.full((len(source_ids),), output_length, "int32")
-        ids, _ = compiled(source_ids, limits)
-        return [int(np.count_nonzero(row)) for row in ids[:, 0]]
 
-    return run
+        def decode():
+            ids, _ = compiled(source_ids, limits)
+            return list(np.count_nonzero(ids[:, 0], axis=1))
+
+        return decode
+
+    return prepare
 
 
 def keras_hub_contender(model, hub_decoder, sampler, output_length, jit_compile):
-    class Both(keras.layers.Layer):  # the weights of both, for jax.jit
-        def __init__(self):
-            super().__init__()
-            self.parts = [model, hub_decoder]
-
     compiled = CompiledFunction(
         lambda source: keras_hub_search(model, hub_decoder, source, output_length, sampler),
-        Both(), [2], jit_compile=jit_compile,
+        Weights(model, hub_decoder), [2], jit_compile=jit_compile,
     )
 
-    def run(source_ids):
-        ids = compiled(source_ids)
-        return [int(np.count_nonzero(row[1:])) for row in ids]
+    def prepare(source_ids):
+        return lambda: list(np.count_nonzero(compiled(source_ids)[:, 1:], axis=1))
 
-    return run
+    return prepare
 
 
 # transformers and CTranslate2 ---------------------------------------------------
@@ -138,22 +154,27 @@ def random_marian(config):
 def transformers_contender(marian, beam_size, output_length):
     import torch
 
-    def run(source_ids):
+    def prepare(source_ids):
         input_ids = torch.from_numpy(marian_source(source_ids)).long()
-        with torch.inference_mode():
-            output = marian.generate(
-                input_ids=input_ids,
-                attention_mask=torch.ones_like(input_ids),
-                num_beams=beam_size,
-                do_sample=False,
-                max_new_tokens=output_length,
-                min_new_tokens=output_length,
-                **({"length_penalty": ALPHA} if beam_size > 1 else {}),
-            )
-        # The first position is the decoder's start token.
-        return [int(np.count_nonzero(row[1:].numpy() != marian.config.pad_token_id)) for row in output]
+        attention_mask = torch.ones_like(input_ids)
 
-    return run
+        def decode():
+            with torch.inference_mode():
+                output = marian.generate(
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    num_beams=beam_size,
+                    do_sample=False,
+                    max_new_tokens=output_length,
+                    min_new_tokens=output_length,
+                    **({"length_penalty": ALPHA} if beam_size > 1 else {}),
+                )
+            # The first position is the decoder's start token.
+            return list(np.count_nonzero(output[:, 1:].numpy() != marian.config.pad_token_id, axis=1))
+
+        return decode
+
+    return prepare
 
 
 def marian_source(source_ids):
@@ -166,11 +187,10 @@ def marian_source(source_ids):
 class _Vocabulary:
     """What CTranslate2's Marian loader reads of a tokenizer."""
 
-    eos_token = "</s>"
-    unk_token = "<unk>"
-
     def __init__(self, tokens):
         self.tokens = tokens
+        self.eos_token = tokens[MARIAN_EOS]
+        self.unk_token = tokens[MARIAN_UNK]
 
     def get_vocab(self):
         return {token: i for i, token in enumerate(self.tokens)}
@@ -187,7 +207,7 @@ def converted_to_ctranslate2(marian, directory, quantization):
             return vocabulary  # random weights: there is no tokenizer to load
 
     hf_directory = os.path.join(directory, "transformers")
-    if not os.path.exists(hf_directory):
+    if not os.path.exists(hf_directory):  # saved once per model, for both precisions
         marian.save_pretrained(hf_directory)
     output = os.path.join(directory, f"ctranslate2_{quantization}")
     Converter(hf_directory).convert(output, quantization=quantization, force=True)
@@ -202,16 +222,20 @@ def ctranslate2_contender(model_directory, tokens, compute_type, beam_size, outp
         inter_threads=1, intra_threads=threads,
     )
 
-    def run(source_ids):
+    def prepare(source_ids):
         batch = [[tokens[i] for i in row] for row in marian_source(source_ids)]
-        results = translator.translate_batch(
-            batch, beam_size=beam_size, max_batch_size=0,
-            max_decoding_length=output_length, min_decoding_length=output_length,
-            length_penalty=ALPHA, num_hypotheses=1,
-        )
-        return [len(result.hypotheses[0]) for result in results]
 
-    return run
+        def decode():
+            results = translator.translate_batch(
+                batch, beam_size=beam_size, max_batch_size=0,
+                max_decoding_length=output_length, min_decoding_length=output_length,
+                length_penalty=ALPHA, num_hypotheses=1,
+            )
+            return [len(result.hypotheses[0]) for result in results]
+
+        return decode
+
+    return prepare
 
 
 # the benchmark -------------------------------------------------------------------
@@ -234,10 +258,8 @@ def decoding_flops(config, batch_size, source_length, output_length, beam_size):
     return 2 * batch_size * (encoder + cross_keys_values + beam_size * steps)
 
 
-
-def contenders(preset, args, directory):
-    """{name: (search, precision, run(source_ids) -> output lengths)}."""
-    config = dict(kt.models.PRESETS[preset], vocabulary_size=args.vocabulary_size)
+def contenders(preset, config, args, directory):
+    """{name: (search, precision, prepare)} for `preset` with `config`."""
     model = kt.build_transformer(preset, vocabulary_size=args.vocabulary_size)
     hub_decoder = KerasHubDecoder(
         args.vocabulary_size, config["num_layers"], config["d_model"], config["d_ff"], config["num_heads"]
@@ -245,72 +267,63 @@ def contenders(preset, args, directory):
     hub_decoder.build((None, None, config["d_model"]))
     length, xla = args.output_length, args.jit_compile
     source_length = args.source_length + 1
-    found = {
-        "ours": ("greedy", "float32", ours(model, 1, length, source_length, xla)),
-        "ours, beam 4": ("beam 4", "float32", ours(model, BEAM, length, source_length, xla)),
-        "keras-hub GreedySampler": (
-            "greedy", "float32",
-            keras_hub_contender(model, hub_decoder, keras_hub.samplers.GreedySampler(), length, xla),
-        ),
-        "keras-hub BeamSampler": (
-            "beam 4", "float32",
-            keras_hub_contender(
-                model, hub_decoder, keras_hub.samplers.BeamSampler(num_beams=BEAM), length, xla
-            ),
-        ),
+    samplers = {
+        "greedy": keras_hub.samplers.GreedySampler(),
+        "beam 4": keras_hub.samplers.BeamSampler(num_beams=BEAM),
     }
+    ours_models = {"float32": ("ours", model)}
     if "int8" in args.precisions:
-        int8_model = kt.models.quantized(model, "int8")
-        found["ours int8"] = ("greedy", "int8", ours(int8_model, 1, length, source_length, xla))
-        found["ours int8, beam 4"] = ("beam 4", "int8", ours(int8_model, BEAM, length, source_length, xla))
-    if "transformers" in args.peers or "ctranslate2" in args.peers:
+        ours_models["int8"] = ("ours int8", kt.models.quantized(model, "int8"))
+    if args.peers:
         marian = random_marian(config)
-    if "transformers" in args.peers:
-        found["transformers generate"] = ("greedy", "float32", transformers_contender(marian, 1, length))
-        found["transformers generate, beam 4"] = (
-            "beam 4", "float32", transformers_contender(marian, BEAM, length)
+    found = {}
+    for search, beam_size in SEARCHES.items():
+        for precision, (system, weights) in ours_models.items():
+            found[named(system, search)] = (
+                search, precision, ours(weights, beam_size, length, source_length, xla)
+            )
+        found["keras-hub " + type(samplers[search]).__name__] = (
+            search, "float32", keras_hub_contender(model, hub_decoder, samplers[search], length, xla)
         )
+        if "transformers" in args.peers:
+            found[named("transformers generate", search)] = (
+                search, "float32", transformers_contender(marian, beam_size, length)
+            )
     if "ctranslate2" in args.peers:
         for precision in args.precisions:
-            model_directory, tokens = converted_to_ctranslate2(
-                marian, os.path.join(directory, preset), precision
-            )
-            for search, beam_size in (("greedy", 1), ("beam 4", BEAM)):
-                name = f"ctranslate2 {precision}" + (", beam 4" if beam_size > 1 else "")
-                found[name] = (
+            model_directory, tokens = converted_to_ctranslate2(marian, directory, precision)
+            for search, beam_size in SEARCHES.items():
+                found[named(f"ctranslate2 {precision}", search)] = (
                     search, precision,
                     ctranslate2_contender(model_directory, tokens, precision, beam_size, length, args.threads),
                 )
     return found
 
 
-def source_sentences(batch_size, args, seed):
-    rng = np.random.default_rng(seed)
-    words = rng.integers(4, args.vocabulary_size - 1, (batch_size, args.source_length))
-    return np.concatenate([words, np.full((batch_size, 1), 3)], axis=1).astype("int32")
-
-
 def benchmark(found, batch_size, args, config):
-    source_ids = source_sentences(batch_size, args, seed=batch_size)
-    seconds = {name: [] for name in found}
-    for name, (_, _, run) in found.items():  # warm-up: compiles, and checks lengths
-        lengths = run(source_ids)
+    # Marian's PAD is the last id: no source word takes it.
+    source_ids = random_sources(
+        np.random.default_rng(batch_size), batch_size, args.source_length, args.vocabulary_size - 1
+    )
+    decoders = {name: prepare(source_ids) for name, (_, _, prepare) in found.items()}
+    for name, decode in decoders.items():  # warm-up: compiles, and checks lengths
+        lengths = [int(length) for length in decode()]
         if lengths != [args.output_length] * batch_size:
             raise RuntimeError(
                 f"{name} did not decode {args.output_length} tokens per sentence: {lengths}"
             )
+    seconds = {name: [] for name in found}
     for _ in range(args.rounds):
-        for name, (_, _, run) in found.items():
+        for name, decode in decoders.items():
             time.sleep(args.settle)
             start = time.perf_counter()
-            run(source_ids)
+            decode()
             seconds[name].append(time.perf_counter() - start)
     rows = {}
     for name, (search, precision, _) in found.items():
         median = statistics.median(seconds[name])
         flops = decoding_flops(
-            config, batch_size, args.source_length + 1, args.output_length,
-            BEAM if search == "beam 4" else 1,
+            config, batch_size, args.source_length + 1, args.output_length, SEARCHES[search]
         )
         rows[name] = {
             "model_flops": flops, "flops_per_second": flops / median,
@@ -318,12 +331,8 @@ def benchmark(found, batch_size, args, config):
             "median_seconds": median, "sentences_per_second": batch_size / median,
         }
     for name, row in rows.items():
-        if name.startswith("ours"):
-            continue
-        mine = "ours" + (" int8" if row["precision"] == "int8" else "") + (
-            ", beam 4" if row["search"] == "beam 4" else ""
-        )
-        if mine in rows:
+        mine = named("ours" if row["precision"] == "float32" else "ours int8", row["search"])
+        if not name.startswith("ours") and mine in rows:
             row["ours/this"] = rows[mine]["sentences_per_second"] / row["sentences_per_second"]
     return rows
 
@@ -380,8 +389,8 @@ def main():
     results = dict(header, runs=[])
     with tempfile.TemporaryDirectory() as directory:
         for preset in args.presets:
-            found = contenders(preset, args, directory)
             config = dict(kt.models.PRESETS[preset], vocabulary_size=args.vocabulary_size)
+            found = contenders(preset, config, args, os.path.join(directory, preset))
             for batch_size in args.batch_sizes:
                 rows = benchmark(found, batch_size, args, config)
                 print_table(preset, batch_size, rows)

@@ -19,12 +19,14 @@ After a warm-up (whose first step, compilation included, is timed on its
 own), the contenders take turns, `--rounds` times, each training `--steps`
 steps per turn; the order rotates every round, so that the machine's drift
 falls on all of them alike. Each turn starts after `--settle` idle seconds
-and one untimed step: without them, the contender after `torch.nn.Transformer`
-(always the same one, as the order rotates) shared the cores with the thread
-pool that torch left spinning, and ran up to a quarter slower. A turn is timed from the start of its first
-step to the device finishing its last (for the Keras contenders, inside
-`fit`: its setup and teardown are not counted). Reported per contender: target tokens per second (the median over
-turns), the warm-up, the peak memory, and the model FLOPs utilisation: the
+and one untimed step: without them, the contender after
+`torch.nn.Transformer` (always the same one, as the order rotates) shared
+the cores with the thread pool that torch left spinning, and ran up to a
+quarter slower. A turn is timed from the start of its first step to the
+device finishing its last (for the Keras contenders, inside `fit`: its
+setup and teardown are not counted). Reported per contender: target
+tokens per second (the median over turns), the warm-up, the peak memory,
+and the model FLOPs utilisation: the
 matmul FLOPs of a training step (forward 2*m*n*k per matmul, attention scores
 and values and the output projection included; backward twice the forward)
 per second, over the matmul rate measured in the same run with a large

@@ -17,7 +17,8 @@ class _ConcatenatedHeadsDense(keras.layers.EinsumDense):
     The two are the same arithmetic, but XLA laid the einsum's kernel out
     anew (a transpose of the whole kernel) at every call, which in a
     decoding loop is every step: a tenth of a greedy step of the base model
-    under JAX. Quantized and LoRA kernels take `EinsumDense`'s own path.
+    under JAX. `kernel` includes a LoRA update when one is enabled; quantized
+    kernels take `EinsumDense`'s own quantized call.
     """
 
     def quantize(self, mode=None, type_check=True, config=None):
@@ -26,11 +27,10 @@ class _ConcatenatedHeadsDense(keras.layers.EinsumDense):
         super().quantize(mode, type_check=False, config=config)
 
     def call(self, inputs, training=None):
-        if self.lora_enabled:
-            return super().call(inputs, training=training)
-        num_heads, head_dim, d_model = self.kernel.shape
+        kernel = self.kernel
+        num_heads, head_dim, d_model = kernel.shape
         concatenated = ops.reshape(inputs, (-1, num_heads * head_dim))
-        x = ops.matmul(concatenated, ops.reshape(self.kernel, (num_heads * head_dim, d_model)))
+        x = ops.matmul(concatenated, ops.reshape(kernel, (num_heads * head_dim, d_model)))
         if self.bias is not None:
             x = ops.add(x, self.bias)
         return x
