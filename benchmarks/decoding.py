@@ -49,7 +49,7 @@ def recomputing_beam_search(model, source_ids, max_length, beam_size):
 
     def step_fn(ids, index, state):
         target_ids = ids[:, :max_length]
-        x = model._embed(model.target_embedding, target_ids)
+        x = model._embed_target(target_ids)
         decoder_padding_mask = ops.not_equal(target_ids, 0)
         for block in model.decoder_blocks:
             x = block(

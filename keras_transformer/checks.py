@@ -94,6 +94,56 @@ def assert_token_ids_in_range(ids, vocabulary_size, input_name="token_ids"):
     return ids
 
 
+def _raise_if_past(positions, max_length):
+    positions = np.asarray(positions)
+    if positions.size and positions.max() >= max_length:
+        raise ValueError(
+            f"The learned position embeddings cover {max_length} positions "
+            f"(max_length={max_length}). Received position {int(positions.max())}: "
+            "a sequence of at most max_length tokens is expected."
+        )
+
+
+def assert_positions_below(positions, max_length):
+    """Raises a clear error if a position is >= `max_length`.
+
+    For learned position embeddings, whose gather would otherwise fail
+    without naming the cause (TensorFlow, torch) or clamp silently to the
+    last row (JAX, GPUs). Eagerly, the positions are checked at once; in a
+    TensorFlow graph, by a graph assertion. Under `jax.jit` a traced start
+    position is not checked here: the decoding buffers, which bound it, are
+    checked against `max_length` when they are made
+    (`Transformer.initial_cache`).
+
+    Returns:
+        `positions`, unchanged, carrying the check in TF graphs.
+    """
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        if tf.executing_eagerly():
+            _raise_if_past(positions.numpy(), max_length)
+            return positions
+        check = tf.debugging.assert_less(
+            positions,
+            tf.cast(max_length, positions.dtype),
+            message=f"The learned position embeddings cover {max_length} positions "
+            f"(max_length={max_length}); a sequence of at most max_length tokens "
+            "is expected. Received positions:",
+        )
+        with tf.control_dependencies([check]):
+            return tf.identity(positions)
+    if backend == "jax":
+        import jax
+
+        if not isinstance(positions, jax.core.Tracer):
+            _raise_if_past(positions, max_length)
+        return positions
+    _raise_if_past(keras.ops.convert_to_numpy(positions), max_length)
+    return positions
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class TokenIdCheck(keras.layers.Layer):
     """Passes ids through, failing clearly on ids outside the vocabulary.

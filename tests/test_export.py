@@ -216,17 +216,27 @@ def test_a_predict_request_round_trips_through_the_signature(served, translator)
     assert tf.make_ndarray(answered.outputs["score"]).dtype == np.float32
 
 
-def trained_for_a_few_steps(tokenizer):  # noqa: F811
+def trained_for_a_few_steps(tokenizer, **options):  # noqa: F811
     """A tiny model after 4 optimizer steps under the current backend."""
-    model = kt.build_transformer("tiny", vocabulary_size=tokenizer.vocabulary_size)
+    model = kt.build_transformer("tiny", vocabulary_size=tokenizer.vocabulary_size, **options)
     kt.training.compile_model(model, warmup_steps=4)
-    batches = make_dataset(builtin_corpus("train", size=64, seed=1), tokenizer, 512, repeat=True, seed=1)
+    batches = make_dataset(
+        builtin_corpus("train", size=64, seed=1), tokenizer, 512, repeat=True, seed=1,
+        max_length=options.get("max_length", 256),
+    )  # fmt: skip
     model.fit(batches, steps_per_epoch=4, epochs=1, verbose=0, shuffle=False)
     return model
 
 
-def test_a_model_trained_under_this_backend_serves_as_tensorflow_translates_it(tokenizer, tmp_path):  # noqa: F811
-    model = trained_for_a_few_steps(tokenizer)
+# Table 3's variations export too: d_k != d_v, learned positions (which cut
+# the sources at their max_length=20, below SETTINGS' 24) and restricted
+# self-attention.
+TABLE3_OPTIONS = {"key_dim": 8, "value_dim": 24, "position_encoding": "learned", "max_length": 20, "attention_window": 3}
+
+
+@pytest.mark.parametrize("options", [{}, TABLE3_OPTIONS], ids=["default", "table3_options"])
+def test_a_model_trained_under_this_backend_serves_as_tensorflow_translates_it(tokenizer, tmp_path, options):  # noqa: F811
+    model = trained_for_a_few_steps(tokenizer, **options)
     translator = kt.Translator(model, tokenizer, **SETTINGS)
     path = export_saved_model(translator, tmp_path / "export")
     served = tf.saved_model.load(str(path))

@@ -100,6 +100,12 @@ def search_translations(
         best first.
     """
     max_length = ops.shape(source_ids)[1] + max_extra_length
+    if model.position_encoding == "learned":
+        # No output outgrows the learned positions.
+        if isinstance(max_length, int):
+            max_length = min(max_length, model.max_length)
+        else:
+            max_length = ops.minimum(max_length, model.max_length)
     step_fn, initial_state = cached_step_function(
         model, source_ids, max_length, beam_size
     )
@@ -151,7 +157,8 @@ class Translator:
         max_extra_length: an output may have this many tokens more than its
             source.
         max_source_length: the most source tokens (EOS included) decoded;
-            longer lines are truncated.
+            longer lines are truncated. With learned positions, at most the
+            model's `max_length`, which also bounds the outputs.
         batch_size: sentences decoded together.
         jit_compile: compile with XLA under TensorFlow.
         quantize: None, or "int8" to decode with a copy of `model` whose
@@ -188,6 +195,10 @@ class Translator:
                 )
         check_alpha(alpha)
         check_quantization_mode(quantize)
+        if model.position_encoding == "learned":
+            # Learned positions end at the model's max_length, for sources
+            # and outputs alike (`search_translations` bounds the outputs).
+            max_source_length = min(max_source_length, model.max_length)
         if tokenizer.vocabulary_size != model.vocabulary_size:
             raise ValueError(
                 "The tokenizer and the model disagree on the vocabulary: "

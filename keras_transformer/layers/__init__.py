@@ -4,11 +4,13 @@ from keras_transformer.layers.decoder_block import TransformerDecoderBlock
 from keras_transformer.layers.encoder_block import TransformerEncoderBlock
 from keras_transformer.layers.feed_forward import PositionwiseFeedForward
 from keras_transformer.layers.multi_head_attention import MultiHeadAttention
+from keras_transformer.layers.position_embedding import LearnedPositionEmbedding
 from keras_transformer.layers.position_encoding import SinusoidalPositionEncoding
 from keras_transformer.layers.token_embedding import TokenEmbedding
 from keras_transformer.layers.transformer_block import TransformerBlock
 
 __all__ = [
+    "LearnedPositionEmbedding",
     "MultiHeadAttention",
     "PositionwiseFeedForward",
     "SinusoidalPositionEncoding",

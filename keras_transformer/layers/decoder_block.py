@@ -45,7 +45,9 @@ class TransformerDecoderBlock(TransformerBlock):
 
     def build(self, inputs_shape, encoder_output_shape=None):
         encoder_output_shape = encoder_output_shape or inputs_shape
-        self.self_attention = self._attention("self_attention")
+        self.self_attention = self._attention(
+            "self_attention", window=self.attention_window
+        )
         self.self_attention.build(inputs_shape, inputs_shape)
         self.self_attention_norm = self._norm("self_attention_norm", inputs_shape)
         self.self_attention_dropout = self._dropout("self_attention_dropout")

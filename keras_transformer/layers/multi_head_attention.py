@@ -55,9 +55,16 @@ class MultiHeadAttention(keras.layers.Layer):
       Cross-attention takes the encoder's keys and values, computed once by
       `compute_key_value`, as a cache with no update index.
 
+    - Restricted self-attention (section 4, Table 1). With `window=r`,
+      query t attends only to keys s with |t - s| <= r, a neighbourhood of
+      2r + 1 positions (r + 1 under the causal mask). It is a band mask on
+      the full T x S scores: it shows what the restriction does to a model,
+      but costs as much as unrestricted attention here, where the paper's
+      O(r n d) per layer would need the scores of the band alone.
+
     The fused `keras.ops.dot_product_attention` computes the attention unless
-    the weights are requested or attention dropout is active, where the
-    softmax is written out.
+    the weights are requested, attention dropout is active, or d_k != d_v,
+    where the softmax is written out.
 
     Args:
         num_heads: h, the number of attention heads.
@@ -70,6 +77,8 @@ class MultiHeadAttention(keras.layers.Layer):
         kernel_initializer: initializer of the projection kernels.
         bias_initializer: initializer of the projection biases.
         seed: seed of the attention dropout.
+        window: r, the farthest a key may be from its query, in positions;
+            None attends to every position.
         **kwargs: base layer arguments, such as `name` and `dtype`.
 
     Call arguments:
@@ -110,14 +119,24 @@ class MultiHeadAttention(keras.layers.Layer):
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         seed=None,
+        window=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if not isinstance(num_heads, int) or num_heads < 1:
-            raise ValueError(
-                "`num_heads` must be a positive integer. "
-                f"Received: num_heads={num_heads}"
-            )
+        for name, value, least in (
+            ("num_heads", num_heads, 1),
+            ("key_dim", key_dim, 1),
+            ("value_dim", value_dim, 1),
+            ("window", window, 0),
+        ):
+            if value is None and name != "num_heads":
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ValueError(
+                    f"`{name}` must be an integer >= {least}"
+                    + ("" if name == "num_heads" else " or None")
+                    + f". Received: {name}={value!r}"
+                )
         self.num_heads = num_heads
         self.key_dim = key_dim
         self.value_dim = value_dim
@@ -126,6 +145,7 @@ class MultiHeadAttention(keras.layers.Layer):
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.seed = seed
+        self.window = window
         self.supports_masking = True
 
     def _projection(self, equation, output_shape, bias_axes, name, layer=keras.layers.EinsumDense):
@@ -258,7 +278,9 @@ class MultiHeadAttention(keras.layers.Layer):
             cache_update_index=cache_update_index,
         )
         attention_dropout_active = bool(training) and self.dropout > 0
-        if return_attention_scores or attention_dropout_active:
+        # JAX's fused attention takes values of the keys' head size only.
+        fused = self._key_dim == self._value_dim
+        if return_attention_scores or attention_dropout_active or not fused:
             attended, scores = self._softmax_attention(
                 query_heads, key_heads, value_heads, mask, training
             )
@@ -330,15 +352,20 @@ class MultiHeadAttention(keras.layers.Layer):
             if padding_mask is not None:
                 self._check_mask_shape(name, padding_mask, (value_length,))
                 mask = merge(ops.cast(padding_mask, "bool")[:, None, :])
+        # Query t is at absolute position offset + t; key s at position s.
+        offset = 0 if cache_update_index is None else cache_update_index
+        query_positions = ops.arange(query_length) + offset
+        key_positions = ops.arange(value_length)
         if use_causal_mask:
-            # Query t (at absolute position offset + t) sees keys s <= t.
-            offset = 0 if cache_update_index is None else cache_update_index
-            query_positions = ops.arange(query_length) + offset
-            key_positions = ops.arange(value_length)
+            # Query t sees keys s <= t.
             causal = ops.less_equal(
                 key_positions[None, :], query_positions[:, None]
             )
             mask = merge(causal[None])
+        if self.window is not None:
+            # Restricted attention: keys s with |t - s| <= r.
+            distance = ops.abs(key_positions[None, :] - query_positions[:, None])
+            mask = merge(ops.less_equal(distance, self.window)[None])
         if attention_mask is not None:
             self._check_mask_shape(
                 "attention_mask", attention_mask, (query_length, value_length)
@@ -377,6 +404,7 @@ class MultiHeadAttention(keras.layers.Layer):
                     self.bias_initializer
                 ),
                 "seed": self.seed,
+                "window": self.window,
             }
         )
         return config

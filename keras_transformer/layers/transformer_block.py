@@ -23,6 +23,13 @@ class TransformerBlock(keras.layers.Layer):
             large-learning-rate settings. A pre-LN stack needs a final
             LayerNorm, which the model adds.
         layer_norm_epsilon: epsilon of the LayerNorms.
+        key_dim: d_k, the size of each head's queries and keys. Defaults to
+            d_model / num_heads (section 3.2.2).
+        value_dim: d_v, the size of each head's values. Defaults to
+            `key_dim`.
+        attention_window: r, restricting self-attention to keys at most r
+            positions from their query (section 4); None attends to all.
+            Encoder-decoder attention is never restricted.
         kernel_initializer: initializer of all projection kernels.
         bias_initializer: initializer of all projection biases.
         seed: the first of the block's dropout seeds (each dropout draws from
@@ -39,6 +46,9 @@ class TransformerBlock(keras.layers.Layer):
         attention_dropout=0.0,
         normalize_first=False,
         layer_norm_epsilon=1e-6,
+        key_dim=None,
+        value_dim=None,
+        attention_window=None,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         seed=None,
@@ -51,6 +61,9 @@ class TransformerBlock(keras.layers.Layer):
         self.attention_dropout = attention_dropout
         self.normalize_first = normalize_first
         self.layer_norm_epsilon = layer_norm_epsilon
+        self.key_dim = key_dim
+        self.value_dim = value_dim
+        self.attention_window = attention_window
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.seed = seed
@@ -63,9 +76,12 @@ class TransformerBlock(keras.layers.Layer):
         self._seeds_drawn += 1
         return self.seed + self._seeds_drawn - 1
 
-    def _attention(self, name):
+    def _attention(self, name, window=None):
         return MultiHeadAttention(
             self.num_heads,
+            key_dim=self.key_dim,
+            value_dim=self.value_dim,
+            window=window,
             dropout=self.attention_dropout,
             seed=self._next_seed(),
             kernel_initializer=clone_initializer(self.kernel_initializer),
@@ -105,6 +121,9 @@ class TransformerBlock(keras.layers.Layer):
                 "attention_dropout": self.attention_dropout,
                 "normalize_first": self.normalize_first,
                 "layer_norm_epsilon": self.layer_norm_epsilon,
+                "key_dim": self.key_dim,
+                "value_dim": self.value_dim,
+                "attention_window": self.attention_window,
                 "seed": self.seed,
                 "kernel_initializer": keras.initializers.serialize(
                     self.kernel_initializer

@@ -14,6 +14,7 @@ from keras_transformer.checks import check_ids_on_host
 from keras_transformer.checks import check_model_data
 from keras_transformer.checks import check_model_inputs
 from keras_transformer.checks import ids_checked_on_host
+from keras_transformer.layers import LearnedPositionEmbedding
 from keras_transformer.layers import SinusoidalPositionEncoding
 from keras_transformer.layers import TokenEmbedding
 from keras_transformer.layers import TransformerDecoderBlock
@@ -29,6 +30,7 @@ MAX_SEED = 2**30
 # A block makes at most this many dropout layers (a decoder block: five).
 SEEDS_PER_BLOCK = 8
 RANDOM_STATE_KEY = "random_state_"
+POSITION_ENCODINGS = ("sinusoidal", "learned")
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -41,8 +43,8 @@ class Transformer(keras.Model):
     predict target token t. Id 0 is padding in both inputs.
 
     Each input is embedded (section 3.4), scaled by sqrt(d_model), added to
-    the sinusoidal position encoding (section 3.5), and passed through
-    dropout. A stack of `num_layers` encoder blocks encodes the source; a
+    the sinusoidal position encoding (section 3.5) or to learned position
+    embeddings (Table 3, row E), and passed through dropout. A stack of `num_layers` encoder blocks encodes the source; a
     stack of decoder blocks attends to it and to the earlier target
     positions. The logits are the decoder output times the transposed
     embedding matrix, which the source embedding, the target embedding and
@@ -57,6 +59,19 @@ class Transformer(keras.Model):
         d_model: the size of every embedding and sub-layer output.
         d_ff: the inner size of the feed-forward networks.
         num_heads: h, the number of attention heads.
+        key_dim: d_k, the size of each head's queries and keys (Table 3,
+            rows A and B). Defaults to d_model / h, as in the paper.
+        value_dim: d_v, the size of each head's values. Defaults to
+            `key_dim`.
+        position_encoding: `"sinusoidal"` (section 3.5) or `"learned"`: one
+            learned vector per position for the source and another for the
+            target (Table 3, row E), up to `max_length` positions.
+        max_length: the most positions of a source or a target, with
+            learned positions (required there); sinusoids have no maximum.
+        attention_window: r, restricting every self-attention to keys at
+            most r positions away (section 4, Table 1); None attends to all.
+            A band mask on the full scores: it changes the model, not its
+            cost.
         dropout: P_drop, on the embedding sums and on every sub-layer output.
         attention_dropout: dropout on the attention weights (not in the
             paper).
@@ -87,6 +102,11 @@ class Transformer(keras.Model):
         d_model=512,
         d_ff=2048,
         num_heads=8,
+        key_dim=None,
+        value_dim=None,
+        position_encoding="sinusoidal",
+        max_length=None,
+        attention_window=None,
         dropout=0.1,
         attention_dropout=0.0,
         normalize_first=False,
@@ -114,11 +134,18 @@ class Transformer(keras.Model):
             raise ValueError(
                 f"seed must be an integer in [0, {MAX_SEED}]. Received: seed={seed!r}"
             )
-        if d_model % num_heads != 0:
+        _check_attention_and_positions(
+            key_dim=key_dim,
+            value_dim=value_dim,
+            position_encoding=position_encoding,
+            max_length=max_length,
+            attention_window=attention_window,
+        )
+        if key_dim is None and d_model % num_heads != 0:
             raise ValueError(
                 "d_model must be divisible by num_heads, so that every head "
-                f"has d_k = d_model / num_heads. Received: d_model={d_model}, "
-                f"num_heads={num_heads}"
+                f"has d_k = d_model / num_heads, or key_dim must be given. "
+                f"Received: d_model={d_model}, num_heads={num_heads}"
             )
 
         # === Layers ===
@@ -145,9 +172,17 @@ class Transformer(keras.Model):
             self.output_projection = TokenEmbedding(
                 vocabulary_size, d_model, dtype=dtype, name="output_projection"
             )
-        self.position_encoding = SinusoidalPositionEncoding(
-            dtype=dtype, name="position_encoding"
-        )
+        if position_encoding == "sinusoidal":
+            self.source_position_encoding = self.target_position_encoding = (
+                SinusoidalPositionEncoding(dtype=dtype, name="position_encoding")
+            )
+        else:
+            self.source_position_encoding = LearnedPositionEmbedding(
+                int(max_length), dtype=dtype, name="source_position_embedding"
+            )
+            self.target_position_encoding = LearnedPositionEmbedding(
+                int(max_length), dtype=dtype, name="target_position_embedding"
+            )
         self.source_dropout = keras.layers.Dropout(
             dropout, seed=seed, dtype=dtype, name="source_dropout"
         )
@@ -161,6 +196,9 @@ class Transformer(keras.Model):
             "attention_dropout": attention_dropout,
             "normalize_first": normalize_first,
             "layer_norm_epsilon": layer_norm_epsilon,
+            "key_dim": key_dim,
+            "value_dim": value_dim,
+            "attention_window": attention_window,
             "dtype": dtype,
         }
         # Block k's dropouts are seeded from seed + SEEDS_PER_BLOCK * (k + 1).
@@ -197,7 +235,7 @@ class Transformer(keras.Model):
             self.source_id_check(source_ids)
         )
         checked_target_ids = self.target_id_check(target_ids)
-        x = self._embed(self.target_embedding, checked_target_ids)
+        x = self._embed_target(checked_target_ids)
         x = self.target_dropout(x)
         decoder_padding_mask = ops.not_equal(checked_target_ids, PADDING_ID)
         for block in self.decoder_blocks:
@@ -226,6 +264,11 @@ class Transformer(keras.Model):
         self.d_model = d_model
         self.d_ff = d_ff
         self.num_heads = num_heads
+        self.key_dim = key_dim
+        self.value_dim = value_dim
+        self.position_encoding = position_encoding
+        self.max_length = max_length
+        self.attention_window = attention_window
         self.dropout = dropout
         self.attention_dropout = attention_dropout
         self.normalize_first = normalize_first
@@ -324,14 +367,19 @@ class Transformer(keras.Model):
             return object.__setattr__(self, name, value)
         return super().__setattr__(name, value)
 
-    def _embed(self, embedding, ids, start_index=0):
+    def _embed_source(self, source_ids):
         """E[ids] * sqrt(d_model) + PE, section 3.5."""
-        x = embedding(ids)
-        return x + self.position_encoding(x, start_index=start_index)
+        x = self.source_embedding(source_ids)
+        return x + self.source_position_encoding(x)
+
+    def _embed_target(self, target_ids, start_index=0):
+        """E[ids] * sqrt(d_model) + PE, from position `start_index` on."""
+        x = self.target_embedding(target_ids)
+        return x + self.target_position_encoding(x, start_index=start_index)
 
     def _encode(self, source_ids, training=None):
         encoder_padding_mask = ops.not_equal(source_ids, PADDING_ID)
-        x = self._embed(self.source_embedding, source_ids)
+        x = self._embed_source(source_ids)
         x = self.source_dropout(x, training=training)
         for block in self.encoder_blocks:
             x = block(x, padding_mask=encoder_padding_mask, training=training)
@@ -373,19 +421,29 @@ class Transformer(keras.Model):
         Returns:
             A list with one dict per decoder block, holding
             `"self_attention"` and `"cross_attention"` `(key, value)` pairs of
-            `[B, max_length or S, num_heads, d_model / num_heads]`. Every
+            `[B, max_length or S, num_heads, d_k or d_v]`. Every
             tensor has the batch as its first dimension, so a beam search can
             reorder the cache with one gather per tensor.
         """
+        if self.position_encoding == "learned" and isinstance(max_length, int) and max_length > self.max_length:
+            raise ValueError(
+                f"The model's learned positions end at max_length={self.max_length}, "
+                f"so it cannot decode max_length={max_length} target positions. "
+                f"Expected max_length <= {self.max_length}."
+            )
         batch_size = ops.shape(encoder_output)[0]
-        head_dim = self.d_model // self.num_heads
-        empty = ops.zeros(
-            (batch_size, max_length, self.num_heads, head_dim),
-            dtype=self.compute_dtype,
-        )
+        key_dim = self.key_dim or self.d_model // self.num_heads
+        value_dim = self.value_dim or key_dim
+
+        def empty(head_dim):
+            return ops.zeros(
+                (batch_size, max_length, self.num_heads, head_dim),
+                dtype=self.compute_dtype,
+            )
+
         return [
             {
-                "self_attention": (empty, empty),
+                "self_attention": (empty(key_dim), empty(value_dim)),
                 "cross_attention": block.compute_cross_attention_cache(
                     encoder_output
                 ),
@@ -411,7 +469,7 @@ class Transformer(keras.Model):
         Returns:
             `(logits [B, t, vocabulary_size], cache)`.
         """
-        x = self._embed(self.target_embedding, target_ids, start_index=index)
+        x = self._embed_target(target_ids, start_index=index)
         updated_cache = []
         for block, block_cache in zip(self.decoder_blocks, cache):
             x, self_attention_cache = block(
@@ -442,7 +500,7 @@ class Transformer(keras.Model):
             how much target position t attends to source position s.
         """
         encoder_output, encoder_padding_mask = self.encode(source_ids)
-        x = self._embed(self.target_embedding, target_ids)
+        x = self._embed_target(target_ids)
         decoder_padding_mask = ops.not_equal(target_ids, PADDING_ID)
         weights = []
         for block in self.decoder_blocks:
@@ -467,6 +525,11 @@ class Transformer(keras.Model):
             "d_model": self.d_model,
             "d_ff": self.d_ff,
             "num_heads": self.num_heads,
+            "key_dim": self.key_dim,
+            "value_dim": self.value_dim,
+            "position_encoding": self.position_encoding,
+            "max_length": self.max_length,
+            "attention_window": self.attention_window,
             "dropout": self.dropout,
             "attention_dropout": self.attention_dropout,
             "normalize_first": self.normalize_first,
@@ -533,6 +596,39 @@ def _check_arguments(dropout, attention_dropout, layer_norm_epsilon, **sizes):
         raise ValueError(
             "layer_norm_epsilon must be a positive finite number. "
             f"Received: layer_norm_epsilon={layer_norm_epsilon!r}"
+        )
+
+
+def _check_attention_and_positions(key_dim, value_dim, position_encoding, max_length, attention_window):
+    """Rejects Table 3's options outside their range, naming them."""
+    for name, value, least in (
+        ("key_dim", key_dim, 1),
+        ("value_dim", value_dim, 1),
+        ("max_length", max_length, 1),
+        ("attention_window", attention_window, 0),
+    ):
+        if value is not None and (
+            not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < least
+        ):
+            raise ValueError(
+                f"{name} must be an integer >= {least} or None. Received: {name}={value!r}"
+            )
+    if position_encoding not in POSITION_ENCODINGS:
+        raise ValueError(
+            f"Unknown position_encoding. Expected one of {list(POSITION_ENCODINGS)}. "
+            f"Received: position_encoding={position_encoding!r}"
+        )
+    if position_encoding == "learned" and max_length is None:
+        raise ValueError(
+            "position_encoding='learned' learns one vector per position, so it "
+            "needs max_length, the most positions of a source or a target. "
+            "Received: max_length=None"
+        )
+    if position_encoding == "sinusoidal" and max_length is not None:
+        raise ValueError(
+            "max_length bounds learned positions; sinusoids have no maximum. "
+            "Pass position_encoding='learned' with it, or leave it out. "
+            f"Received: position_encoding='sinusoidal', max_length={max_length!r}"
         )
 
 
