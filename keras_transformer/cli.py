@@ -176,6 +176,11 @@ def _add_train_arguments(parser):
     model.add_argument("--num-heads", type=int, help="attention heads")
     model.add_argument("--dropout", type=float, help="P_drop")
     model.add_argument("--attention-dropout", type=float, help="dropout on attention weights")
+    model.add_argument("--key-dim", type=int, help="d_k, per head (default d_model / num_heads; Table 3 A, B)")
+    model.add_argument("--value-dim", type=int, help="d_v, per head (default key_dim)")
+    model.add_argument("--position-encoding", choices=["sinusoidal", "learned"], help="Table 3 E (default sinusoidal)")
+    model.add_argument("--max-length", type=int, help="positions learned with --position-encoding learned (default max_tokens + max_extra_length)")
+    model.add_argument("--attention-window", type=int, help="restricted self-attention: keys at most this many positions away (section 4)")
     model.add_argument("--dtype", choices=["float32", "mixed_bfloat16", "mixed_float16"], help="precision (default float32)")
     optimization = parser.add_argument_group("training")
     optimization.add_argument("--tokens-per-batch", type=int, help=f"padded tokens per side per batch (default {defaults.tokens_per_batch})")
@@ -195,7 +200,10 @@ def _add_train_arguments(parser):
     search.add_argument("--max-extra-length", type=int, help=f"(default {defaults.max_extra_length})")
 
 
-MODEL_FIELDS = ("num_layers", "d_model", "d_ff", "num_heads", "dropout", "attention_dropout")
+MODEL_FIELDS = (
+    "num_layers", "d_model", "d_ff", "num_heads", "dropout", "attention_dropout",
+    "key_dim", "value_dim", "position_encoding", "max_length", "attention_window",
+)
 
 
 def training_config(args):

@@ -185,6 +185,9 @@ def cli_error(*args):
         (["--learning-rate-scale", "-1"], "learning_rate_scale must be a number in (0, inf); received -1.0"),
         (["--preset", "huge"], "preset must be one of"),
         (["--num-heads", "3"], "d_model (64) must be divisible by num_heads (3)"),
+        (["--attention-window", "-1"], "model.attention_window must be an integer >= 0; received -1"),
+        (["--position-encoding", "learned", "--max-length", "8"], "model.max_length (8) must be at least max_tokens (16)"),
+        (["--max-length", "32"], "sinusoids have no maximum"),
         (["--vocabulary", "/nonexistent"], "No vocabulary to reuse in /nonexistent"),
     ],
 )
@@ -193,6 +196,22 @@ def test_bad_arguments_are_one_error_line_before_any_training(files, tmp_path, e
     assert message in error and "\n" not in error
     assert "step " not in capsys.readouterr().out
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_train_takes_table_3_options(files, tmp_path):
+    from keras_transformer.cli import main
+
+    options = ["--key-dim", 8, "--value-dim", 24, "--position-encoding", "learned", "--attention-window", 2]
+    main([str(a) for a in train_arguments(
+        files, tmp_path / "run", "--train-steps", 2, "--checkpoint-every", 2, "--average", 1, *options
+    )])  # fmt: skip
+    translator = kt.Translator.load(tmp_path / "run")
+    config = translator.model.get_config()
+    # Learned positions reach max_tokens + max_extra_length (16 + 50).
+    assert {k: config[k] for k in ("key_dim", "value_dim", "position_encoding", "max_length", "attention_window")} == {
+        "key_dim": 8, "value_dim": 24, "position_encoding": "learned", "max_length": 66, "attention_window": 2
+    }
+    assert len(translator.translate(["abc de fgh", "ij"])) == 2
 
 
 def test_bad_files_are_errors_that_name_them(files, tmp_path, capsys):

@@ -134,7 +134,7 @@ class Transformer(keras.Model):
             raise ValueError(
                 f"seed must be an integer in [0, {MAX_SEED}]. Received: seed={seed!r}"
             )
-        _check_attention_and_positions(
+        check_attention_and_positions(
             key_dim=key_dim,
             value_dim=value_dim,
             position_encoding=position_encoding,
@@ -599,7 +599,7 @@ def _check_arguments(dropout, attention_dropout, layer_norm_epsilon, **sizes):
         )
 
 
-def _check_attention_and_positions(key_dim, value_dim, position_encoding, max_length, attention_window):
+def check_attention_and_positions(key_dim, value_dim, position_encoding, max_length, attention_window):
     """Rejects Table 3's options outside their range, naming them."""
     for name, value, least in (
         ("key_dim", key_dim, 1),

@@ -35,6 +35,7 @@ from keras_transformer.data.tokenizer import SubwordTokenizer
 from keras_transformer.decoding.translator import Translator
 from keras_transformer.models.presets import PRESETS
 from keras_transformer.models.transformer import build_transformer
+from keras_transformer.models.transformer import check_attention_and_positions
 from keras_transformer.training.checkpoints import average_checkpoints
 from keras_transformer.training.checkpoints import list_checkpoints
 from keras_transformer.training.distribution import Distribution
@@ -55,6 +56,11 @@ MODEL_ARGUMENTS = (
     "attention_dropout",
     "normalize_first",
     "share_embeddings",
+    "key_dim",
+    "value_dim",
+    "position_encoding",
+    "max_length",
+    "attention_window",
 )
 DTYPES = ("float32", "mixed_bfloat16", "mixed_float16")
 
@@ -76,7 +82,10 @@ class TrainingConfig:
         vocabulary_size: the size of a vocabulary trained here.
         preset: a `build_transformer` preset; `model` overrides its fields
             (`num_layers`, `d_model`, `d_ff`, `num_heads`, `dropout`,
-            `attention_dropout`, `normalize_first`, `share_embeddings`).
+            `attention_dropout`, `normalize_first`, `share_embeddings`, and
+            Table 3's `key_dim`, `value_dim`, `position_encoding`,
+            `max_length`, `attention_window`). Learned positions default to
+            `max_length` = `max_tokens` + `max_extra_length`.
         dtype: `"float32"`, `"mixed_bfloat16"` or `"mixed_float16"`.
         tokens_per_batch: padded tokens per side per batch (section 5.1).
         max_tokens: pairs with a side longer than this many subword tokens
@@ -191,11 +200,29 @@ class TrainingConfig:
         for name in ("dropout", "attention_dropout"):
             if name in self.model:
                 number(f"model.{name}", 0, 1, self.model[name])
+        for name, least in (("key_dim", 1), ("value_dim", 1), ("max_length", 1), ("attention_window", 0)):
+            if self.model.get(name) is not None:
+                whole(f"model.{name}", least, self.model[name])
         architecture = self.architecture() if self.preset in PRESETS else {}
-        if not problems and architecture["d_model"] % architecture["num_heads"]:
+        if not problems:
+            try:
+                check_attention_and_positions(**{
+                    name: architecture.get(name, default) for name, default in (
+                        ("key_dim", None), ("value_dim", None), ("position_encoding", "sinusoidal"),
+                        ("max_length", None), ("attention_window", None),
+                    )
+                })  # fmt: skip
+            except ValueError as error:
+                problems.append(f"model: {error}")
+        if not problems and architecture.get("key_dim") is None and architecture["d_model"] % architecture["num_heads"]:
             problems.append(
                 f"d_model ({architecture['d_model']}) must be divisible by num_heads "
-                f"({architecture['num_heads']})"
+                f"({architecture['num_heads']}), or model.key_dim must be given"
+            )
+        if not problems and architecture.get("position_encoding") == "learned" and architecture["max_length"] < self.max_tokens:
+            problems.append(
+                f"model.max_length ({architecture['max_length']}) must be at least max_tokens "
+                f"({self.max_tokens}), so that every training pair has a position for each token"
             )
         if problems:
             raise ValueError("Invalid training configuration: " + "; ".join(problems) + ".")
@@ -220,7 +247,10 @@ class TrainingConfig:
 
     def architecture(self):
         """The `build_transformer` arguments, preset and overrides merged."""
-        return PRESETS[self.preset] | self.model
+        architecture = PRESETS[self.preset] | self.model
+        if architecture.get("position_encoding") == "learned" and architecture.get("max_length") is None:
+            architecture["max_length"] = self.max_tokens + self.max_extra_length
+        return architecture
 
     # === JSON ===
 
