@@ -12,6 +12,10 @@ crash), the average of the last checkpoints, beam search (beam 4, alpha
 0.6), and sacreBLEU on newstest2014. Without --data-dir, TFDS
 `wmt14_translate/de-en` is written once as text files under
 `<model-dir>/data/`, which training then reads like any other files.
+`--smoke` trains a tiny model for a few steps, to test a setup.
+
+`recipes/wmt14_en_fr.py` runs this code with section 6.1's English-French
+settings.
 """
 
 import argparse
@@ -28,20 +32,25 @@ except ImportError as error:  # an unknown backend, or one not installed
     sys.exit(f"error: {error}")
 
 
-def parse_args(argv=None):
+# This recipe's defaults; wmt14_en_fr.py has its own.
+EN_DE = {"preset": "base", "vocabulary_size": 37000, "dropout": None, "average": 5}
+
+
+def parse_args(argv=None, defaults=EN_DE, description=__doc__):
     from keras_transformer.models import PRESETS
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="base", choices=sorted(PRESETS))
+    parser = argparse.ArgumentParser(description=description.splitlines()[0])
+    parser.add_argument("--preset", default=defaults["preset"], choices=sorted(PRESETS))
     parser.add_argument("--data-dir", help="local files; TFDS when omitted")
     parser.add_argument("--model-dir", required=True)
     parser.add_argument("--resume", action="store_true", help="continue the run in --model-dir")
     parser.add_argument("--train-steps", type=int, default=100000)
     parser.add_argument("--tokens-per-batch", type=int, default=25000)
-    parser.add_argument("--vocabulary-size", type=int, default=37000)
+    parser.add_argument("--vocabulary-size", type=int, default=defaults["vocabulary_size"])
+    parser.add_argument("--dropout", type=float, default=defaults["dropout"], help="P_drop (default: the preset's)")
     parser.add_argument("--warmup-steps", type=int, default=4000)
     parser.add_argument("--checkpoint-every", type=int, default=1000)
-    parser.add_argument("--average", type=int, default=5, help="checkpoints to average (20 for big)")
+    parser.add_argument("--average", type=int, default=defaults["average"], help="checkpoints to average")
     parser.add_argument("--max-tokens", type=int, default=256, help="subword tokens per sequence")
     parser.add_argument("--valid-size", type=int, help="validate on the first N pairs only")
     parser.add_argument("--test-size", type=int, help="translate only the first N test sentences")
@@ -57,7 +66,14 @@ def parse_args(argv=None):
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--verbose", action="store_true", help="also show TensorFlow's, XLA's and SentencePiece's log lines")
-    return parser.parse_args(argv)
+    parser.add_argument("--smoke", action="store_true", help="a tiny model, a few steps on a few pairs, to test the setup")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.preset, args.dropout, args.vocabulary_size = "tiny", None, min(args.vocabulary_size, 2000)
+        args.train_steps, args.checkpoint_every, args.average = 2, 2, 1
+        args.tokens_per_batch, args.max_tokens, args.warmup_steps = 2048, 64, 10
+        args.valid_size, args.test_size = args.valid_size or 16, args.test_size or 8
+    return args
 
 
 def configuration(args, files):
@@ -73,6 +89,7 @@ def configuration(args, files):
         valid_pairs=args.valid_size,
         vocabulary_size=args.vocabulary_size,
         preset=args.preset,
+        model={} if args.dropout is None else {"dropout": args.dropout},
         dtype=args.dtype,
         tokens_per_batch=args.tokens_per_batch,
         max_tokens=args.max_tokens,
@@ -88,8 +105,8 @@ def configuration(args, files):
     )
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def main(argv=None, source_language="en", target_language="de", defaults=EN_DE, description=__doc__):
+    args = parse_args(argv, defaults, description)
     from keras_transformer.data.wmt14 import wmt14_files
     from keras_transformer.scoring import score_translations
     from keras_transformer.data.wmt14 import write_tfds_files
@@ -100,21 +117,24 @@ def main(argv=None):
         print(line, flush=True)
 
     try:
-        data_dir = args.data_dir or write_tfds_files(os.path.join(args.model_dir, "data"))
-        files = wmt14_files(data_dir)
+        data_dir = args.data_dir or write_tfds_files(
+            os.path.join(args.model_dir, "data"), source_language, target_language
+        )
+        files = wmt14_files(data_dir, source_language, target_language)
         config = configuration(args, files)
         translator = train_translator(config, resume=args.resume, log=log)
     except (ValueError, FileNotFoundError) as error:
         sys.exit(f"error: {error}")
+    name = f"wmt14_{source_language}_{target_language}"
     log(f"use the translator with\n"
-        f"  keras-transformer translate --model-dir {args.model_dir} < input.en\n"
-        f"or export it for TF Serving (saved_models/wmt14_en_de/<version>/) with\n"
-        f"  keras-transformer export --model-dir {args.model_dir} --name wmt14_en_de")
+        f"  keras-transformer translate --model-dir {args.model_dir} < input.{source_language}\n"
+        f"or export it for TF Serving (saved_models/{name}/<version>/) with\n"
+        f"  keras-transformer export --model-dir {args.model_dir} --name {name}")
 
     test = read_corpus(*zip(*files["test"]), name="newstest2014")[: args.test_size]
     hypotheses = translator.translate(list(test.sources))
     scores = score_translations(hypotheses, list(test.targets))
-    with open(os.path.join(args.model_dir, "test_translations.de"), "w", encoding="utf-8") as file:
+    with open(os.path.join(args.model_dir, f"test_translations.{target_language}"), "w", encoding="utf-8") as file:
         file.write("".join(line + "\n" for line in hypotheses))
     with open(os.path.join(args.model_dir, "test_bleu.txt"), "w") as file:
         file.write(f"{scores['bleu_text']}\n{scores['bleu_signature']}\n")

@@ -7,10 +7,11 @@ import subprocess
 import sys
 
 import keras
+import pytest
 
 import keras_transformer as kt
 
-from conftest import WMT14, needs_wmt14, in_one_pass
+from conftest import MULTI30K, WMT14, needs_multi30k, needs_wmt14, in_one_pass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -75,3 +76,86 @@ def test_quickstart_reports_a_vocabulary_its_corpus_cannot_give_in_one_line(tmp_
     assert result.returncode != 0 and "Traceback" not in result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error: SentencePiece could not train a vocabulary of 5000"), result.stderr[-2000:]
+
+
+TABLE3_RECIPE = os.path.join(ROOT, "recipes", "table3.py")
+
+
+@in_one_pass("tensorflow", "the recipe's rows and table; the options it varies are tested under every backend")
+@needs_multi30k
+def test_table3_recipe_smoke_mode_writes_a_table_of_its_rows(tmp_path):
+    result = subprocess.run(
+        [sys.executable, TABLE3_RECIPE, "--smoke", "--data-dir", MULTI30K,
+         "--out", str(tmp_path / "runs"), "--table", str(tmp_path / "table3.md")],
+        env=dict(os.environ, KERAS_BACKEND=keras.backend.backend()),
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = (tmp_path / "table3.md").read_text()
+    rows = [line for line in table.splitlines() if line.startswith("| base") or line.startswith("| E ")]
+    assert len(rows) == 2
+    # Row E differs from the base in its positions only, and has their weights.
+    assert "| learned |" in rows[1] and "sinusoidal" in rows[0]
+    cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows]
+    assert float(cells[1][-2].removesuffix("M")) > float(cells[0][-2].removesuffix("M"))
+    for row in cells:
+        assert float(row[-4]) > 1  # a perplexity
+    # A rerun finds both rows done and trains nothing.
+    again = subprocess.run(
+        [sys.executable, TABLE3_RECIPE, "--smoke", "--data-dir", MULTI30K,
+         "--out", str(tmp_path / "runs"), "--table", str(tmp_path / "again.md")],
+        env=dict(os.environ, KERAS_BACKEND=keras.backend.backend()),
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert again.returncode == 0 and "=== row" not in again.stdout
+    assert (tmp_path / "again.md").read_text() == table
+
+
+WMT14_EN_FR_RECIPE = os.path.join(ROOT, "recipes", "wmt14_en_fr.py")
+
+
+@in_one_pass("torch", "the recipe's files and steps; training under each backend is the quick start's test")
+def test_wmt14_en_fr_recipe_smoke_mode_runs_offline_on_local_files(tmp_path):
+    from keras_transformer.data import builtin_corpus
+
+    # Any parallel text stands in for English-French here: the built-in
+    # corpus, its second side named .fr.
+    data = tmp_path / "data"
+    data.mkdir()
+    for split, size in (("train", 300), ("valid", 20), ("test", 10)):
+        corpus = builtin_corpus("train", size=size, seed=len(split))
+        (data / f"{split}.en").write_text("".join(s + "\n" for s in corpus.sources), encoding="utf-8")
+        (data / f"{split}.fr").write_text("".join(t + "\n" for t in corpus.targets), encoding="utf-8")
+    result = subprocess.run(
+        [sys.executable, WMT14_EN_FR_RECIPE, "--smoke", "--data-dir", str(data),
+         "--vocabulary-size", "400", "--model-dir", str(tmp_path / "run")],
+        env=dict(os.environ, KERAS_BACKEND=keras.backend.backend()),
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "test (8 sentences), beam 4, alpha 0.6: BLEU = " in result.stdout
+    assert "keras-transformer export --model-dir" in result.stdout and "--name wmt14_en_fr" in result.stdout
+    assert len((tmp_path / "run" / "test_translations.fr").read_text(encoding="utf-8").splitlines()) == 8
+    translator = kt.Translator.load(tmp_path / "run")
+    assert translator.tokenizer.vocabulary_size == 400
+    assert (translator.beam_size, translator.alpha) == (4, 0.6)
+    # The smoke run is the tiny preset; the recipe's own model is section
+    # 6.1's: big, with P_drop 0.1, 32,000 pieces, the last 20 checkpoints.
+    sys.path.insert(0, os.path.join(ROOT, "recipes"))
+    try:
+        import wmt14_en_fr
+    finally:
+        sys.path.pop(0)
+    args = wmt14_en_fr.wmt14_en_de.parse_args(["--model-dir", "x"], wmt14_en_fr.EN_FR)
+    config = wmt14_en_fr.wmt14_en_de.configuration(args, {s: [("a", "b")] for s in ("train", "valid", "test")})
+    assert (config.preset, config.model, config.vocabulary_size, config.average) == ("big", {"dropout": 0.1}, 32000, 20)
+
+
+def test_wmt14_pairs_name_their_tfds_dataset():
+    from keras_transformer.data.wmt14 import tfds_name
+
+    assert tfds_name("en", "fr") == tfds_name("fr", "en") == "wmt14_translate/fr-en"
+    assert tfds_name("en", "de") == "wmt14_translate/de-en"
+    for source, target in (("de", "fr"), ("en", "en")):
+        with pytest.raises(ValueError, match="WMT14 pairs English with one other language"):
+            tfds_name(source, target)

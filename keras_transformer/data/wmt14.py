@@ -1,4 +1,5 @@
-"""The paper's WMT14 English-German data, from TFDS or from local files."""
+"""The paper's WMT14 data (English-German, English-French), from TFDS or
+from local files."""
 
 import os
 
@@ -24,14 +25,28 @@ OFFLINE_SPLITS = {
 STANDARD_SPLITS = {"train": ["train"], "valid": ["valid"], "test": ["test"]}
 
 
+def tfds_name(source_language, target_language):
+    """The TFDS dataset of a pair: `wmt14_translate/de-en` for en-de or de-en,
+    `wmt14_translate/fr-en` for en-fr; TFDS names the pair other-English."""
+    other = {source_language, target_language} - {"en"}
+    if len(other) != 1 or source_language == target_language:
+        raise ValueError(
+            "WMT14 pairs English with one other language. Received: "
+            f"source_language={source_language!r}, target_language={target_language!r}"
+        )
+    return f"wmt14_translate/{other.pop()}-en"
+
+
 def read_wmt14(data_dir=None, max_length=None, source_language="en", target_language="de"):
-    """Train, validation and test corpora for WMT14 English-German.
+    """Train, validation and test corpora for a WMT14 pair (English-German
+    by default).
 
     With `data_dir`, reads `{train,valid,test}.{en,de}` (each maybe `.gz`)
     from it; or, when it has no `train.en`, the WMT news test sets
     (newstest2008-2012 and newssyscomb2009 to train, newstest2013 to
     validate, newstest2014 to test), as in `../shared/data/wmt14`. Without
-    `data_dir`, reads TFDS `wmt14_translate/de-en` (train, validation, test).
+    `data_dir`, reads TFDS `wmt14_translate/<other>-en` (train, validation,
+    test), such as `de-en` or `fr-en`.
 
     Args:
         data_dir: a folder of parallel text files, or None for TFDS.
@@ -46,6 +61,7 @@ def read_wmt14(data_dir=None, max_length=None, source_language="en", target_lang
     if data_dir is None:
         return {
             split: read_tfds(
+                name=tfds_name(source_language, target_language),
                 split=tfds_split,
                 source_language=source_language,
                 target_language=target_language,
@@ -110,7 +126,7 @@ def wmt14_files(data_dir, source_language="en", target_language="de"):
 
 
 def write_tfds_files(directory, source_language="en", target_language="de"):
-    """Writes TFDS `wmt14_translate/de-en` as `{train,valid,test}.{en,de}`.
+    """Writes TFDS `wmt14_translate/<other>-en` as `{train,valid,test}.{source,target}`.
 
     Training then reads plain files, as from any other source, and a run
     can be resumed from its configuration alone. Splits already written
@@ -125,7 +141,10 @@ def write_tfds_files(directory, source_language="en", target_language="de"):
         if all(os.path.isfile(path) for path in paths):
             continue
         corpus = read_tfds(
-            split=tfds_split, source_language=source_language, target_language=target_language
+            name=tfds_name(source_language, target_language),
+            split=tfds_split,
+            source_language=source_language,
+            target_language=target_language,
         )
         for path, lines in zip(paths, (corpus.sources, corpus.targets)):
             with open(path + ".partial", "w", encoding="utf-8") as file:
