@@ -234,3 +234,15 @@ class _StderrFilter:
             pass
         os.dup2(self.real_stderr, 2)  # closes the pipe's last write end here
         self.thread.join(timeout=5)
+
+
+def describe_machine():
+    """The CPU's name and core count, for reports of results: "AMD EPYC, 2 cores"."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as file:
+            names = [line.split(":", 1)[1].strip() for line in file if line.startswith("model name")]
+    except OSError:
+        names = []
+    return f"{names[0] if names else platform.processor() or 'unknown CPU'}, {os.cpu_count()} cores"

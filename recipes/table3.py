@@ -152,7 +152,7 @@ def run_row(args, row, vocabulary, valid, log):
     """Trains one row (or resumes it) and scores it on the validation set."""
     import numpy as np
 
-    from keras_transformer.decoding import Translator
+    from keras_transformer.environment import describe_machine
     from keras_transformer.scoring import score_translations
     from keras_transformer.training import train_translator
     from keras_transformer.training.progress import read_history
@@ -186,7 +186,7 @@ def run_row(args, row, vocabulary, valid, log):
         "bleu_signature": score["bleu_signature"],
         "decode_seconds": round(decode_seconds, 1),
         "val_sentences": len(hypotheses),
-        "machine": machine(),
+        "machine": describe_machine(),
         "keras_backend": __import__("keras").backend.backend(),
     }
     with open(done + ".tmp", "w") as file:
@@ -195,17 +195,6 @@ def run_row(args, row, vocabulary, valid, log):
     log(f"row {row}: val perplexity {result['val_perplexity']:.2f}, val BLEU {result['val_bleu']:.2f}, "
         f"{result['parameters']:,} parameters, {result['ms_per_step']:.0f} ms/step")
     return result
-
-
-def machine():
-    import platform
-
-    try:
-        with open("/proc/cpuinfo") as file:
-            names = [line.split(":", 1)[1].strip() for line in file if line.startswith("model name")]
-    except OSError:
-        names = []
-    return f"{names[0] if names else platform.processor()}, {os.cpu_count()} cores"
 
 
 def markdown_table(results):

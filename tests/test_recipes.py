@@ -1,7 +1,9 @@
-"""The WMT14 recipe runs offline, guards its model directory, and reports
-bad input. (The quick start runs in test_readme.py, with the README's
-examples.)"""
+"""The recipes run offline in their smoke modes: WMT14 English-German and
+English-French, Table 3's rows, and parsing; they guard their model
+directories and report bad input. (The quick start runs in test_readme.py,
+with the README's examples.)"""
 
+import json
 import os
 import subprocess
 import sys
@@ -159,3 +161,37 @@ def test_wmt14_pairs_name_their_tfds_dataset():
     for source, target in (("de", "fr"), ("en", "en")):
         with pytest.raises(ValueError, match="WMT14 pairs English with one other language"):
             tfds_name(source, target)
+
+
+PTB_RECIPE = os.path.join(ROOT, "recipes", "ptb_parsing.py")
+PTB_SAMPLE = os.path.join(os.path.dirname(MULTI30K), "ptb_wsj_sample")
+
+
+@in_one_pass("tensorflow", "the recipe's split, training loop and scores; parsing is tested under every backend")
+@pytest.mark.skipif(not os.path.isdir(PTB_SAMPLE), reason="../shared/data/ptb_wsj_sample is not beside this clone")
+def test_ptb_parsing_recipe_smoke_mode_trains_parses_and_scores(tmp_path):
+    from keras_transformer.parsing import Tree
+
+    def run(*extra):
+        return subprocess.run(
+            [sys.executable, PTB_RECIPE, "--smoke", "--data-dir", PTB_SAMPLE, "--model-dir", str(tmp_path / "run"), *extra],
+            env=dict(os.environ, KERAS_BACKEND=keras.backend.backend()),
+            capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
+
+    result = run()
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["pairs"] == {"train": 33, "trained": 33, "dev": 53, "test": 25}
+    for split in ("dev", "test"):
+        parsed = (tmp_path / "run" / f"{split}.parsed").read_text(encoding="utf-8").splitlines()
+        assert len(parsed) == results["pairs"][split]
+        for line in parsed:
+            Tree.from_string(line)  # well formed
+        scores = results[split]
+        assert set(scores) == {"Transformer (ours)", "right-branching (S root, NP below)", "flat (one S over the words)"}
+        assert all(0 <= s["labelled_f1"] <= 100 for s in scores.values())
+        # Flat trees: one bracket each, always right (precision 100 or near).
+        assert scores["flat (one S over the words)"]["labelled_precision"] > 90
+    refused = run()
+    assert refused.returncode != 0 and "already holds a run" in refused.stderr
