@@ -70,3 +70,17 @@ def in_one_pass(backend, why):
         keras.backend.backend() != backend,
         reason=f"the same under every backend ({why}); runs in the {backend} pass",
     )
+
+
+def assert_cached_decoding_matches(model, batch):
+    """Decoding `batch`'s targets one position at a time from the cache
+    gives the logits of the full forward pass at every position."""
+    logits = to_numpy(model(batch))
+    length = batch["target_ids"].shape[1]
+    encoder_output, encoder_padding_mask = model.encode(batch["source_ids"])
+    cache = model.initial_cache(encoder_output, max_length=length)
+    for index in range(length):
+        step_logits, cache = model.decode_step(
+            batch["target_ids"][:, index : index + 1], cache, index, encoder_padding_mask
+        )
+        np.testing.assert_allclose(to_numpy(step_logits)[:, 0], logits[:, index], atol=1e-5)

@@ -6,7 +6,7 @@ import keras_transformer as kt
 from keras_transformer import checks
 from keras_transformer.models import PRESETS
 
-from conftest import random_ids, to_numpy
+from conftest import assert_cached_decoding_matches, random_ids, to_numpy
 
 V = 40
 
@@ -73,14 +73,7 @@ def test_target_padding_does_not_change_real_positions(model, batch):
 
 
 def test_cached_decoding_equals_full_recomputation(model, batch):
-    logits = to_numpy(model(batch))
-    encoder_output, encoder_padding_mask = model.encode(batch["source_ids"])
-    cache = model.initial_cache(encoder_output, max_length=6)
-    for index in range(6):
-        step_logits, cache = model.decode_step(
-            batch["target_ids"][:, index : index + 1], cache, index, encoder_padding_mask
-        )
-        np.testing.assert_allclose(to_numpy(step_logits)[:, 0], logits[:, index], atol=1e-5)
+    assert_cached_decoding_matches(model, batch)
 
 
 def test_dropout_is_applied_to_the_embedding_sums(batch):

@@ -86,12 +86,15 @@ TABLE3_RECIPE = os.path.join(ROOT, "recipes", "table3.py")
 @in_one_pass("tensorflow", "the recipe's rows and table; the options it varies are tested under every backend")
 @needs_multi30k
 def test_table3_recipe_smoke_mode_writes_a_table_of_its_rows(tmp_path):
-    result = subprocess.run(
-        [sys.executable, TABLE3_RECIPE, "--smoke", "--data-dir", MULTI30K,
-         "--out", str(tmp_path / "runs"), "--table", str(tmp_path / "table3.md")],
-        env=dict(os.environ, KERAS_BACKEND=keras.backend.backend()),
-        capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+    def run(table):
+        return subprocess.run(
+            [sys.executable, TABLE3_RECIPE, "--smoke", "--data-dir", MULTI30K,
+             "--out", str(tmp_path / "runs"), "--table", str(tmp_path / table)],
+            env=dict(os.environ, KERAS_BACKEND=keras.backend.backend()),
+            capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
+
+    result = run("table3.md")
     assert result.returncode == 0, result.stderr[-3000:]
     table = (tmp_path / "table3.md").read_text()
     rows = [line for line in table.splitlines() if line.startswith("| base") or line.startswith("| E ")]
@@ -103,12 +106,7 @@ def test_table3_recipe_smoke_mode_writes_a_table_of_its_rows(tmp_path):
     for row in cells:
         assert float(row[-4]) > 1  # a perplexity
     # A rerun finds both rows done and trains nothing.
-    again = subprocess.run(
-        [sys.executable, TABLE3_RECIPE, "--smoke", "--data-dir", MULTI30K,
-         "--out", str(tmp_path / "runs"), "--table", str(tmp_path / "again.md")],
-        env=dict(os.environ, KERAS_BACKEND=keras.backend.backend()),
-        capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+    again = run("again.md")
     assert again.returncode == 0 and "=== row" not in again.stdout
     assert (tmp_path / "again.md").read_text() == table
 

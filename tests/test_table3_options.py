@@ -1,10 +1,6 @@
 """The model variations of Table 3 and section 4: head sizes d_k and d_v,
 learned positions, restricted self-attention."""
 
-import os
-import subprocess
-import sys
-
 import keras
 import numpy as np
 import pytest
@@ -13,7 +9,7 @@ import keras_transformer as kt
 from keras_transformer import layers
 from keras_transformer.decoding.translator import search_translations
 
-from conftest import random_ids, to_numpy
+from conftest import assert_cached_decoding_matches, random_ids, to_numpy
 
 V = 40
 D = 64  # the tiny preset's d_model, 4 heads of 16 by default
@@ -168,15 +164,7 @@ def test_restricted_attention_ignores_keys_outside_the_window(rng):
     ids=["head_sizes", "learned_positions", "window", "all"],
 )
 def test_cached_decoding_equals_full_recomputation(options, batch):
-    model = tiny(**options)
-    logits = to_numpy(model(batch))
-    encoder_output, encoder_padding_mask = model.encode(batch["source_ids"])
-    cache = model.initial_cache(encoder_output, max_length=8)
-    for index in range(8):
-        step_logits, cache = model.decode_step(
-            batch["target_ids"][:, index : index + 1], cache, index, encoder_padding_mask
-        )
-        np.testing.assert_allclose(to_numpy(step_logits)[:, 0], logits[:, index], atol=1e-5)
+    assert_cached_decoding_matches(tiny(**options), batch)
 
 
 def test_options_survive_keras_save_and_load(batch, tmp_path):
@@ -189,21 +177,10 @@ def test_options_survive_keras_save_and_load(batch, tmp_path):
 
 
 def test_options_load_under_another_backend(batch, tmp_path):
-    from test_serialization import NEXT_BACKEND
+    from test_serialization import logits_under_another_backend
 
     model = tiny(**ALL_OPTIONS)
-    model.save(tmp_path / "model.keras")
-    np.savez(tmp_path / "inputs.npz", **batch)
-    script = os.path.join(os.path.dirname(__file__), "load_in_backend.py")
-    result = subprocess.run(
-        [sys.executable, script, str(tmp_path / "model.keras"),
-         str(tmp_path / "inputs.npz"), str(tmp_path / "logits.npy")],
-        env=dict(os.environ, KERAS_BACKEND=NEXT_BACKEND),
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split()[:2] == [NEXT_BACKEND, "Transformer"]
-    np.testing.assert_allclose(np.load(tmp_path / "logits.npy"), to_numpy(model(batch)), atol=1e-5)
+    np.testing.assert_allclose(logits_under_another_backend(model, batch, tmp_path), to_numpy(model(batch)), atol=1e-5)
 
 
 @pytest.mark.parametrize(
