@@ -254,7 +254,9 @@ def write_table(args, results):
         "python recipes/table3.py" + ("" if args.train_steps == 800 else f" --train-steps {args.train_steps}"),
         "```",
         "",
-        f"Machine: {first['machine']}; Keras backend {first['keras_backend']}; one seed ({args.seed}) per row.",
+        f"Machine: {first['machine']}; Keras backend {first['keras_backend']}. One seed ({args.seed}) "
+        "per row: a difference smaller than the spread between seeds, which this table does not "
+        "measure, may be noise.",
         "",
         markdown_table(results),
         "",
