@@ -54,6 +54,13 @@ needs_multi30k = pytest.mark.skipif(
     not os.path.isdir(MULTI30K), reason="../shared/data/multi30k is not beside this clone"
 )
 
+PTB_SAMPLE = os.path.join(SHARED_DATA, "ptb_wsj_sample")
+# The treebank sample's licence keeps it out of the project; the parsing
+# code itself is tested on hand-written trees wherever the suite runs.
+needs_ptb_sample = pytest.mark.skipif(
+    not os.path.isdir(PTB_SAMPLE), reason="../shared/data/ptb_wsj_sample is not beside this clone"
+)
+
 WMT14 = os.path.join(SHARED_DATA, "wmt14")
 needs_wmt14 = pytest.mark.skipif(
     not os.path.isdir(WMT14), reason="../shared/data/wmt14 is not beside this clone"

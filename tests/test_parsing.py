@@ -20,7 +20,7 @@ from keras_transformer.parsing import linearize
 from keras_transformer.parsing import read_treebank
 from keras_transformer.parsing import right_branching
 
-from conftest import SHARED_DATA
+from conftest import PTB_SAMPLE, needs_ptb_sample
 
 MRG = """
 ( (S
@@ -233,10 +233,7 @@ def test_parser_refuses_bad_sentences_and_settings(vocabulary):
         Parser(kt.build_transformer("tiny", vocabulary_size=99, num_layers=1), vocabulary)
 
 
-PTB_SAMPLE = os.path.join(SHARED_DATA, "ptb_wsj_sample")
-
-
-@pytest.mark.skipif(not os.path.isdir(PTB_SAMPLE), reason="../shared/data/ptb_wsj_sample is not beside this clone")
+@needs_ptb_sample
 def test_every_sample_tree_linearizes_and_reads_back():
     paths = sorted(os.path.join(PTB_SAMPLE, name) for name in os.listdir(PTB_SAMPLE) if name.endswith(".mrg"))
     trees = [clean(tree) for tree in read_treebank(paths)]

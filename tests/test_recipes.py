@@ -13,7 +13,7 @@ import pytest
 
 import keras_transformer as kt
 
-from conftest import MULTI30K, WMT14, needs_multi30k, needs_wmt14, in_one_pass
+from conftest import MULTI30K, PTB_SAMPLE, WMT14, in_one_pass, needs_multi30k, needs_ptb_sample, needs_wmt14
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -162,11 +162,10 @@ def test_wmt14_pairs_name_their_tfds_dataset():
 
 
 PTB_RECIPE = os.path.join(ROOT, "recipes", "ptb_parsing.py")
-PTB_SAMPLE = os.path.join(os.path.dirname(MULTI30K), "ptb_wsj_sample")
 
 
 @in_one_pass("tensorflow", "the recipe's split, training loop and scores; parsing is tested under every backend")
-@pytest.mark.skipif(not os.path.isdir(PTB_SAMPLE), reason="../shared/data/ptb_wsj_sample is not beside this clone")
+@needs_ptb_sample
 def test_ptb_parsing_recipe_smoke_mode_trains_parses_and_scores(tmp_path):
     from keras_transformer.parsing import Tree
 
