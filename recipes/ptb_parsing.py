@@ -49,7 +49,7 @@ DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", 
 REPORT_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "parsing.md")
 SPLITS = {"train": range(1, 160), "dev": range(160, 180), "test": range(180, 200)}
 MODEL = {"num_layers": 3, "d_model": 256, "d_ff": 1024, "num_heads": 4, "dropout": 0.3}
-VOCABULARY_FILE = "vocabulary.txt"
+VOCABULARY_FILE = "vocabulary.json"
 # Training pairs whose tree is longer than this many tokens are left out
 # (the longest sentences of the sample, a handful); every development and
 # test sentence is parsed.
@@ -69,7 +69,11 @@ def parse_args(argv=None):
     parser.add_argument("--beam-size", type=int, default=21)
     parser.add_argument("--alpha", type=float, default=0.3)
     parser.add_argument("--max-extra-length", type=int, default=300)
+    parser.add_argument("--target-words", choices=("copied", "XX"), default="copied",
+                        help="write each word of the tree as itself (the default) or as XX (Vinyals et al.)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dev-only", action="store_true",
+                        help="score the development set only, to tune without seeing the test set; no report")
     parser.add_argument("--verbose", action="store_true", help="also show TensorFlow's and XLA's log lines")
     parser.add_argument("--smoke", action="store_true", help="a tiny model, a few steps on a few files, to test the setup")
     args = parser.parse_args(argv)
@@ -260,8 +264,11 @@ def main(argv=None):
     vocabulary_path = os.path.join(args.model_dir, VOCABULARY_FILE)
     if os.path.isfile(vocabulary_path):
         vocabulary = ParsingVocabulary.load(vocabulary_path)
+        if vocabulary.target_words != args.target_words:
+            sys.exit(f"error: the run in {args.model_dir} writes words as {vocabulary.target_words}; "
+                     f"resume it with --target-words {vocabulary.target_words}.")  # fmt: skip
     else:
-        vocabulary = ParsingVocabulary.build(splits["train"])
+        vocabulary = ParsingVocabulary.build(splits["train"], target_words=args.target_words)
         vocabulary.save(vocabulary_path)
     log(f"vocabulary: {len(vocabulary):,} tokens (tree tokens and training words seen twice or more)")
 
@@ -284,12 +291,13 @@ def main(argv=None):
         "pairs": {"train": len(splits["train"]), "trained": trained_pairs, "dev": len(splits["dev"]),
                   "test": len(splits["test"])},
         "model": model_arguments,
+        "target_words": vocabulary.target_words,
         "parameters": int(model.count_params()),
         "train_minutes": round(train_minutes, 1),
         "machine": describe_machine(),
         "keras_backend": keras.backend.backend(),
     }  # fmt: skip
-    for split in ("dev", "test"):
+    for split in ("dev",) if args.dev_only else ("dev", "test"):
         trees = splits[split]
         start = time.time()
         parsed = parser.parse([t.words() for t in trees], [t.tags() for t in trees])
@@ -303,7 +311,7 @@ def main(argv=None):
                 f"R {s['labelled_recall']:.2f}), unlabelled F1 {s['unlabelled_f1']:.2f}")
     with open(os.path.join(args.model_dir, "results.json"), "w") as file:
         json.dump(results, file, indent=2)
-    if not args.smoke:
+    if not args.smoke and not args.dev_only:
         write_report(args, results, args.report)
         log(f"report in {args.report}")
 

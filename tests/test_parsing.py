@@ -85,6 +85,11 @@ def test_linearization_round_trips():
     assert delinearize(tokens, TREE.words(), TREE.tags()) == TREE
     # Without tags, the leaves are tagged XX.
     assert delinearize(tokens, TREE.words()).tags() == ["XX"] * 6
+    # With the words themselves in place of XX.
+    words = linearize(TREE, words=True)
+    assert len(words) == len(tokens)
+    assert [w for w, t in zip(words, tokens) if t == "XX"] == TREE.words()
+    assert all(w == t for w, t in zip(words, tokens) if t != "XX")
 
 
 @pytest.mark.parametrize(
@@ -167,9 +172,9 @@ SENTENCES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def vocabulary():
-    return ParsingVocabulary.build([GOLD_1, GOLD_2, TEST_1, TEST_2], min_count=1)
+@pytest.fixture(scope="module", params=["XX", "copied"])
+def vocabulary(request):
+    return ParsingVocabulary.build([GOLD_1, GOLD_2, TEST_1, TEST_2], min_count=1, target_words=request.param)
 
 
 def test_vocabulary_reads_unknown_words_by_their_shape(vocabulary):
@@ -177,7 +182,14 @@ def test_vocabulary_reads_unknown_words_by_their_shape(vocabulary):
     assert [vocabulary.tokens[i] for i in ids] == [
         "dog", "<unk-cap>", "<unk-num>", "<unk-hyphen>", "<unk>", "<unk-cap>", "</s>"
     ]
-    assert vocabulary.decode(vocabulary.encode_tree(GOLD_2) + [vocabulary.eos_id, 5]) == linearize(GOLD_2)
+    target = vocabulary.encode_tree(GOLD_2)
+    assert vocabulary.decode(target + [vocabulary.eos_id, 5]) == linearize(GOLD_2)
+    # Copied words have the sentence's own ids where the other form has XX.
+    words = [i for i, t in zip(target, linearize(GOLD_2)) if t == "XX"]
+    if vocabulary.target_words == "copied":
+        assert words == vocabulary.encode_sentence(GOLD_2.words())[:-1]
+    else:
+        assert set(words) == {vocabulary.ids["XX"]}
     with pytest.raises(ValueError, match=r"labels the vocabulary lacks: \['\(SBAR'\]"):
         vocabulary.encode_tree(Tree.from_string("(SBAR (NP (DT a)))"))
 
@@ -186,39 +198,69 @@ def test_vocabulary_reads_unknown_words_by_their_shape(vocabulary):
 def test_every_parse_is_a_tree_over_the_sentence_whatever_the_weights(vocabulary, beam_size, max_extra_length):
     """An untrained model, whose outputs are arbitrary, still writes trees;
     even when the length limit leaves room for the flattest tree only."""
-    for seed in (1, 2):
-        model = kt.build_transformer("tiny", vocabulary_size=len(vocabulary), num_layers=1, seed=seed)
-        parser = Parser(model, vocabulary, beam_size=beam_size, max_extra_length=max_extra_length, batch_size=3)
-        trees = parser.parse(SENTENCES)
-        for words, tree in zip(SENTENCES, trees):
-            assert tree.words() == words
-            tokens = linearize(tree)
-            assert len(tokens) + 1 <= len(words) + max(max_extra_length, 3)
-            assert delinearize(tokens, words) == tree
-        if max_extra_length == 0:
-            # Room for W + 3 tokens: the root over every word, no more.
-            assert all(len(tree.children) == len(words) for tree, words in zip(trees, SENTENCES))
+    # Another seed for each form of the words: differently arbitrary outputs.
+    seed = ParsingVocabulary.TARGET_WORDS.index(vocabulary.target_words) + 1
+    model = kt.build_transformer("tiny", vocabulary_size=len(vocabulary), num_layers=1, seed=seed)
+    parser = Parser(model, vocabulary, beam_size=beam_size, max_extra_length=max_extra_length, batch_size=3)
+    trees = parser.parse(SENTENCES)
+    for words, tree in zip(SENTENCES, trees):
+        assert tree.words() == words
+        tokens = linearize(tree)
+        assert len(tokens) + 1 <= len(words) + max(max_extra_length, 3)
+        assert delinearize(tokens, words) == tree
+    if max_extra_length == 0:
+        # Room for W + 3 tokens: the root over every word, no more.
+        assert all(len(tree.children) == len(words) for tree, words in zip(trees, SENTENCES))
 
 
 def test_the_constraint_changes_only_what_would_break_the_tree(vocabulary):
     """Where the model's own best token keeps the tree well formed, the
     constrained search picks it: a model that always prefers the gold
-    sequence's next token reproduces the gold tree."""
+    sequence's next token reproduces the gold tree. With copied words, a
+    model that prefers another word where a word comes (and the right one
+    second) still writes the sentence's next one."""
     from keras_transformer.decoding import beam_search
     from keras_transformer.parsing import well_formed_steps
 
     gold = vocabulary.encode_tree(GOLD_2) + [vocabulary.eos_id]
     words = len(GOLD_2.words())
+    source = np.array([vocabulary.encode_sentence(GOLD_2.words())] * 2, "int32")
+    copied = vocabulary.target_words == "copied"
+    wrong_word = vocabulary.ids["dog"]
 
-    def oracle(ids, index, state):
-        best = keras.ops.take(keras.ops.convert_to_tensor(np.array(gold + [0] * 400, "int32")), index)
-        logits = keras.ops.one_hot(keras.ops.full((ids.shape[0],), best, dtype="int32"), len(vocabulary)) * 5.0
-        return logits, state
+    def search(preferred):
+        def oracle(ids, index, state):
+            logits = 0.0
+            for sequence, weight in ((preferred, 5.0), (gold, 3.0)):
+                best = keras.ops.take(keras.ops.convert_to_tensor(np.array(sequence + [0] * 400, "int32")), index)
+                best = keras.ops.full((ids.shape[0],), best, dtype="int32")
+                logits = logits + keras.ops.one_hot(best, len(vocabulary)) * weight
+            return logits, state
 
-    step = well_formed_steps(oracle, vocabulary.token_classes(), np.full((2,), words), np.full((2,), words + 300))
-    ids, _ = beam_search(step, np.full((1,), 1), [np.zeros((1, 1))], beam_size=2, alpha=0.3,
-                         max_length=words + 300, eos_id=vocabulary.eos_id)  # fmt: skip
-    assert vocabulary.decode(keras.ops.convert_to_numpy(ids)[0, 0]) == linearize(GOLD_2)
+        step = well_formed_steps(oracle, vocabulary.token_classes(), np.full((2,), words),
+                                 np.full((2,), words + 300), source_ids=source if copied else None)  # fmt: skip
+        ids, _ = beam_search(step, np.full((1,), 1), [np.zeros((1, 1))], beam_size=2, alpha=0.3,
+                             max_length=words + 300, eos_id=vocabulary.eos_id)  # fmt: skip
+        return keras.ops.convert_to_numpy(ids)[0, 0, : len(gold)].tolist()
+
+    assert search(gold) == gold
+    if copied:
+        is_word = [t not in vocabulary.ids or not vocabulary.is_tree_token(t) for t in linearize(GOLD_2, words=True)]
+        misled = [wrong_word if w else i for i, w in zip(gold, is_word + [False])]
+        assert misled != gold
+        assert search(misled) == gold
+
+
+def test_vocabulary_saves_and_loads_with_its_form_of_words(vocabulary, tmp_path):
+    path = tmp_path / "vocabulary.json"
+    vocabulary.save(path)
+    loaded = ParsingVocabulary.load(path)
+    assert loaded.tokens == vocabulary.tokens and loaded.target_words == vocabulary.target_words
+    path.write_text("<pad>\n<s>\n</s>\n")
+    with pytest.raises(ValueError, match="is not a saved parsing vocabulary"):
+        ParsingVocabulary.load(path)
+    with pytest.raises(ValueError, match=r"target_words must be one of \['XX', 'copied'\]. Received: 'words'"):
+        ParsingVocabulary(vocabulary.tokens, target_words="words")
 
 
 def test_parser_refuses_bad_sentences_and_settings(vocabulary):

@@ -7,11 +7,19 @@ tag, which the parser does not predict:
     (S (NP (DT the) (NN dog)) (VP (VBZ barks)))
     ->  (S (NP XX XX ) (VP XX ) )
 
-The words come back from the sentence, in order, when the sequence is read
+or, with `words=True`, each word is written itself:
+
+    ->  (S (NP the dog ) (VP barks ) )
+
+so that the decoder reads which word it has reached instead of counting
+`XX`s; the parser then writes the sentence's next word where the other
+form has `XX` (`ParsingVocabulary(target_words="copied")`). Either way the
+words come back from the sentence, in order, when the sequence is read
 back into a tree.
 """
 
 import collections
+import json
 
 from keras_transformer.parsing.treebank import Tree
 
@@ -20,13 +28,14 @@ CLOSE = ")"
 OPEN_PREFIX = "("
 
 
-def linearize(tree):
-    """The token sequence of `tree` (a cleaned tree; see `treebank.clean`)."""
+def linearize(tree, words=False):
+    """The token sequence of `tree` (a cleaned tree; see `treebank.clean`),
+    with `XX` for each word, or the word itself if `words`."""
     if tree.is_preterminal:
-        return [WORD]
+        return [tree.children[0] if words else WORD]
     tokens = [OPEN_PREFIX + tree.label]
     for child in tree.children:
-        tokens.extend(linearize(child))
+        tokens.extend(linearize(child, words))
     tokens.append(CLOSE)
     return tokens
 
@@ -111,24 +120,31 @@ class ParsingVocabulary:
 
     Args:
         tokens: the vocabulary, in id order (see `build`).
+        target_words: how trees write their words: `"XX"` for each (Vinyals
+            et al., 2015), or `"copied"`, each word's own id, the same as in
+            the sentence.
     """
 
     SPECIAL = ("<pad>", "<s>", "</s>")
     UNKNOWN = ("<unk>", "<unk-cap>", "<unk-num>", "<unk-hyphen>")
+    TARGET_WORDS = ("XX", "copied")
     pad_id, bos_id, eos_id = 0, 1, 2
 
-    def __init__(self, tokens):
+    def __init__(self, tokens, target_words="XX"):
         tokens = list(tokens)
         if tuple(tokens[:3]) != self.SPECIAL or len(set(tokens)) != len(tokens):
             raise ValueError(
                 f"A parsing vocabulary starts with {list(self.SPECIAL)} and has no duplicates. "
                 f"Received {len(tokens)} tokens starting {tokens[:3]}."
             )
+        if target_words not in self.TARGET_WORDS:
+            raise ValueError(f"target_words must be one of {list(self.TARGET_WORDS)}. Received: {target_words!r}")
         self.tokens = tokens
+        self.target_words = target_words
         self.ids = {token: i for i, token in enumerate(tokens)}
 
     @classmethod
-    def build(cls, trees, min_count=2):
+    def build(cls, trees, min_count=2, target_words="XX"):
         """From training trees: their labels, and their words seen at least
         `min_count` times."""
         labels, counts = set(), collections.Counter()
@@ -137,7 +153,8 @@ class ParsingVocabulary:
             counts.update(tree.words())
         words = sorted(w for w, c in counts.items() if c >= min_count)
         tree_tokens = [WORD, CLOSE] + [OPEN_PREFIX + label for label in sorted(labels)]
-        return cls(list(cls.SPECIAL) + list(cls.UNKNOWN) + tree_tokens + [w for w in words if w not in tree_tokens])
+        tokens = list(cls.SPECIAL) + list(cls.UNKNOWN) + tree_tokens + [w for w in words if w not in tree_tokens]
+        return cls(tokens, target_words)
 
     def __len__(self):
         return len(self.tokens)
@@ -163,38 +180,54 @@ class ParsingVocabulary:
 
     def encode_tree(self, tree):
         """Target ids: the linearized tree (EOS is added by the batching)."""
-        tokens = linearize(tree)
-        unknown = [t for t in tokens if t not in self.ids]
+        copied = self.target_words == "copied"
+        tokens = linearize(tree, words=copied)
+        unknown = [t for t in tokens if self.is_tree_token(t) and t not in self.ids]
         if unknown:
             raise ValueError(
                 f"The tree has labels the vocabulary lacks: {sorted(set(unknown))}. "
                 "Build the vocabulary from trees that have them."
             )
-        return [self.ids[t] for t in tokens]
+        return [self.ids[t] if self.is_tree_token(t) else self.word_id(t) for t in tokens]
 
     def decode(self, ids):
-        """Tree tokens of `ids`, up to the first EOS."""
+        """Tree tokens of `ids`, up to the first EOS, with `XX` for each
+        word (the sentence gives it back; see `delinearize`)."""
         tokens = []
         for i in ids:
             if int(i) in (self.eos_id, self.pad_id):
                 break
-            tokens.append(self.tokens[int(i)])
+            token = self.tokens[int(i)]
+            tokens.append(token if self.is_tree_token(token) else WORD)
         return tokens
 
     def token_classes(self):
         """Per id: (opens a constituent, closes one, is a word, is EOS), as
-        lists of bools, for the decoder's well-formedness constraint."""
+        lists of bools, for the decoder's well-formedness constraint. With
+        copied words, every id that is not special or a tree token is a
+        word."""
         opens = [t.startswith(OPEN_PREFIX) and len(t) > 1 for t in self.tokens]
         closes = [t == CLOSE for t in self.tokens]
-        words = [t == WORD for t in self.tokens]
+        if self.target_words == "copied":
+            words = [i >= len(self.SPECIAL) and not self.is_tree_token(t) for i, t in enumerate(self.tokens)]
+        else:
+            words = [t == WORD for t in self.tokens]
         eos = [i == self.eos_id for i in range(len(self.tokens))]
         return opens, closes, words, eos
 
     def save(self, path):
+        """A JSON file: the tokens in id order, and `target_words`."""
         with open(path, "w", encoding="utf-8") as file:
-            file.write("".join(token + "\n" for token in self.tokens))
+            json.dump({"target_words": self.target_words, "tokens": self.tokens}, file, ensure_ascii=False, indent=0)
 
     @classmethod
     def load(cls, path):
         with open(path, encoding="utf-8") as file:
-            return cls(file.read().splitlines())
+            try:
+                saved = json.load(file)
+                return cls(saved["tokens"], saved["target_words"])
+            except (json.JSONDecodeError, KeyError, TypeError) as error:
+                raise ValueError(
+                    f"{path} is not a saved parsing vocabulary: expected a JSON object with "
+                    f'"tokens" and "target_words" ({error}).'
+                ) from None

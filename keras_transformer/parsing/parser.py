@@ -17,7 +17,7 @@ from keras_transformer.decoding.translator import cached_step_function
 from keras_transformer.parsing.linearization import delinearize
 
 
-def well_formed_steps(step_fn, token_classes, word_counts, limits):
+def well_formed_steps(step_fn, token_classes, word_counts, limits, source_ids=None):
     """`step_fn` with the tokens that cannot continue a tree masked out.
 
     At each step, from the tokens chosen so far (depth d of open
@@ -26,7 +26,9 @@ def well_formed_steps(step_fn, token_classes, word_counts, limits):
 
     - `(label)` opens a constituent: the root first, then only inside it,
       while words remain to fill it;
-    - `XX` places the next word, inside the root, while words remain;
+    - a word places the next word, inside the root, while words remain:
+      `XX`, or, given `source_ids` (copied words), only the id of the
+      sentence's next word;
     - `)` closes a constituent that holds something, the root only once
       every word is placed;
     - EOS ends, once the root is closed;
@@ -42,6 +44,8 @@ def well_formed_steps(step_fn, token_classes, word_counts, limits):
         word_counts: int `[batch * beam_size]`, W of each row's sentence.
         limits: int `[batch * beam_size]`, the most tokens each row may
             generate, EOS included.
+        source_ids: int `[batch * beam_size, source_length]`, each row's
+            sentence, for copied words; None for `XX`.
 
     Returns:
         A step function for `beam_search`.
@@ -50,6 +54,9 @@ def well_formed_steps(step_fn, token_classes, word_counts, limits):
     counts = [ops.cast(c, "int32") for c in (opens, closes, words)]
     word_counts = ops.cast(word_counts, "int32")
     limits = ops.cast(limits, "int32")
+    if source_ids is not None:
+        source_ids = ops.cast(source_ids, "int32")
+        vocabulary_ids = ops.arange(len(token_classes[0]), dtype="int32")
 
     def step(ids, index, state):
         logits, state = step_fn(ids, index, state)
@@ -79,6 +86,11 @@ def well_formed_steps(step_fn, token_classes, word_counts, limits):
             | (closes[None, :] & can_close[:, None])
             | (eos[None, :] & can_end[:, None])
         )  # [N, V]
+        if source_ids is not None:
+            # Copied words: the sentence's next word, and no other.
+            position = ops.minimum(placed, ops.shape(source_ids)[1] - 1)[:, None]
+            next_word = ops.take_along_axis(source_ids, position, axis=1)  # [N, 1]
+            allowed = allowed & (ops.logical_not(words)[None, :] | ops.equal(vocabulary_ids[None, :], next_word))
         return ops.where(allowed, logits, NEG_INF), state
 
     return step
@@ -121,8 +133,10 @@ class Parser:
         max_length = ops.shape(source_ids)[1] + self.max_extra_length + 3
         step_fn, initial_state = cached_step_function(self.model, source_ids, max_length, self.beam_size)
         per_row = ops.repeat(word_counts, self.beam_size, axis=0)
+        copied = self.vocabulary.target_words == "copied"
         step_fn = well_formed_steps(
-            step_fn, self.vocabulary.token_classes(), per_row, ops.repeat(limits, self.beam_size, axis=0)
+            step_fn, self.vocabulary.token_classes(), per_row, ops.repeat(limits, self.beam_size, axis=0),
+            source_ids=ops.repeat(source_ids, self.beam_size, axis=0) if copied else None,
         )
         initial_ids = ops.full((ops.shape(source_ids)[0],), self.vocabulary.bos_id, dtype="int32")
         ids, _ = beam_search(
