@@ -28,7 +28,7 @@ def well_formed_steps(step_fn, token_classes, word_counts, limits, source_ids=No
       while words remain to fill it;
     - a word places the next word, inside the root, while words remain:
       `XX`, or, given `source_ids` (copied words), only the id of the
-      sentence's next word;
+      sentence's next word, which takes the probability of all words;
     - `)` closes a constituent that holds something, the root only once
       every word is placed;
     - EOS ends, once the root is closed;
@@ -87,10 +87,17 @@ def well_formed_steps(step_fn, token_classes, word_counts, limits, source_ids=No
             | (eos[None, :] & can_end[:, None])
         )  # [N, V]
         if source_ids is not None:
-            # Copied words: the sentence's next word, and no other.
+            # Copied words: the sentence's next word, and no other, with the
+            # model's whole belief that a word comes next. (Left to its own
+            # logit, a word the model reads as another gets little mass, and
+            # the search opens constituent after constituent instead.)
             position = ops.minimum(placed, ops.shape(source_ids)[1] - 1)[:, None]
             next_word = ops.take_along_axis(source_ids, position, axis=1)  # [N, 1]
-            allowed = allowed & (ops.logical_not(words)[None, :] | ops.equal(vocabulary_ids[None, :], next_word))
+            is_next_word = ops.equal(vocabulary_ids[None, :], next_word)  # [N, V]
+            logits = ops.cast(logits, "float32")
+            any_word = ops.logsumexp(ops.where(words[None, :], logits, NEG_INF), axis=-1, keepdims=True)  # [N, 1]
+            logits = ops.where(is_next_word, any_word, logits)
+            allowed = allowed & (ops.logical_not(words)[None, :] | is_next_word)
         return ops.where(allowed, logits, NEG_INF), state
 
     return step
