@@ -9,7 +9,13 @@ The same model as for translation learns to map a sentence to its tree,
 written as a sequence (`keras_transformer.parsing.linearize`):
 
     Pierre Vinken , 61 years old , will join the board ...
-    ->  (S (NP (NP XX XX ) XX (ADJP (NP XX XX ) XX ) XX ) (VP XX (VP XX ...
+    ->  (S (NP (NP Pierre Vinken ) , (ADJP (NP 61 years ) old ) , ) (VP will ...
+
+Each word is written itself (`--target-words copied`, the default), so the
+decoder reads which word it has reached, and the search writes the
+sentence's next word wherever the model places a word. With
+`--target-words XX`, as in Vinyals et al. (2015), every word is `XX` and
+the decoder must count them.
 
 The data is the 3,914-sentence sample of the WSJ treebank in
 `../shared/data/ptb_wsj_sample` (files wsj_0001-0199, all from WSJ sections
@@ -207,6 +213,8 @@ def write_report(args, results, path):
         f"({json.dumps(results['model'])}), {args.train_steps:,} steps of about "
         f"{args.tokens_per_batch:,} target tokens, the average of the last 5 checkpoints; beam "
         f"{args.beam_size}, alpha {args.alpha}, at most length + {args.max_extra_length} tokens. "
+        f"Trees write their words as {'themselves' if results['target_words'] == 'copied' else 'XX'} "
+        f"(`--target-words {results['target_words']}`). "
         f"Trained in {results['train_minutes']:.0f} minutes on {results['machine']} "
         f"(Keras backend {results['keras_backend']}).",
         "",
@@ -281,7 +289,12 @@ def main(argv=None):
     start = time.time()
     model = fit(model, dataset, args.model_dir, args.train_steps, checkpoint_every=args.checkpoint_every,
                 keep_checkpoints=5, verbose=0 if args.smoke else 2)  # fmt: skip
-    train_minutes = (time.time() - start) / 60
+    # Training time over every resumption of the run.
+    time_path = os.path.join(args.model_dir, "train_minutes.json")
+    train_minutes = json.load(open(time_path)) if os.path.isfile(time_path) else 0.0
+    train_minutes += (time.time() - start) / 60
+    with open(time_path, "w") as file:
+        json.dump(train_minutes, file)
     model = average_checkpoints(list_checkpoints(os.path.join(args.model_dir, "checkpoints")))
     model.save(os.path.join(args.model_dir, "model.keras"))
 

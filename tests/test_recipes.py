@@ -192,3 +192,7 @@ def test_ptb_parsing_recipe_smoke_mode_trains_parses_and_scores(tmp_path):
         assert scores["flat (one S over the words)"]["labelled_precision"] > 90
     refused = run()
     assert refused.returncode != 0 and "already holds a run" in refused.stderr
+    # The run writes words as themselves; resuming it as XX would mix the two.
+    refused = run("--resume", "--target-words", "XX")
+    assert refused.returncode != 0 and "resume it with --target-words copied" in refused.stderr
+    assert "Traceback" not in refused.stderr
