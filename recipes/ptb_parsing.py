@@ -250,6 +250,8 @@ def main(argv=None):
     import keras
 
     import keras_transformer as kt
+    from keras_transformer.data.corpus import read_json_object
+    from keras_transformer.data.corpus import write_atomically
     from keras_transformer.environment import describe_machine
     from keras_transformer.parsing import Parser
     from keras_transformer.parsing import ParsingVocabulary
@@ -291,10 +293,9 @@ def main(argv=None):
                 keep_checkpoints=5, verbose=0 if args.smoke else 2)  # fmt: skip
     # Training time over every resumption of the run.
     time_path = os.path.join(args.model_dir, "train_minutes.json")
-    train_minutes = json.load(open(time_path)) if os.path.isfile(time_path) else 0.0
+    train_minutes = read_json_object(time_path)["train_minutes"] if os.path.isfile(time_path) else 0.0
     train_minutes += (time.time() - start) / 60
-    with open(time_path, "w") as file:
-        json.dump(train_minutes, file)
+    write_atomically(time_path, json.dumps({"train_minutes": train_minutes}))
     model = average_checkpoints(list_checkpoints(os.path.join(args.model_dir, "checkpoints")))
     model.save(os.path.join(args.model_dir, "model.keras"))
 

@@ -152,6 +152,7 @@ def run_row(args, row, vocabulary, valid, log):
     """Trains one row (or resumes it) and scores it on the validation set."""
     import numpy as np
 
+    from keras_transformer.data.corpus import write_atomically
     from keras_transformer.environment import describe_machine
     from keras_transformer.scoring import score_translations
     from keras_transformer.training import train_translator
@@ -189,9 +190,8 @@ def run_row(args, row, vocabulary, valid, log):
         "machine": describe_machine(),
         "keras_backend": __import__("keras").backend.backend(),
     }
-    with open(done + ".tmp", "w") as file:
-        json.dump(result, file, indent=2, default=lambda x: x.item() if isinstance(x, np.generic) else str(x))
-    os.replace(done + ".tmp", done)
+    plain = lambda x: x.item() if isinstance(x, np.generic) else str(x)  # noqa: E731
+    write_atomically(done, json.dumps(result, indent=2, default=plain))
     log(f"row {row}: val perplexity {result['val_perplexity']:.2f}, val BLEU {result['val_bleu']:.2f}, "
         f"{result['parameters']:,} parameters, {result['ms_per_step']:.0f} ms/step")
     return result

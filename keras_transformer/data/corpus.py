@@ -5,6 +5,8 @@ import dataclasses
 import gzip
 import json
 import logging
+import os
+import tempfile
 
 logger = logging.getLogger("keras_transformer")
 
@@ -91,6 +93,16 @@ def read_json_object(path):
     if not isinstance(values, dict):
         raise ValueError(f"{path} must hold a JSON object; it holds {type(values).__name__}.")
     return values
+
+
+def write_atomically(path, text):
+    """Writes `text` to `path` through a temporary file beside it, so that a
+    crash leaves the old file or the new one, never half of one."""
+    directory = os.path.dirname(path) or "."
+    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=directory, delete=False, suffix=".tmp") as file:
+        file.write(text)
+        temporary = file.name
+    os.replace(temporary, path)
 
 
 def decode_lines(raw, path):

@@ -21,6 +21,7 @@ back into a tree.
 import collections
 import json
 
+from keras_transformer.data.corpus import write_atomically
 from keras_transformer.parsing.treebank import Tree
 
 WORD = "XX"
@@ -217,8 +218,8 @@ class ParsingVocabulary:
 
     def save(self, path):
         """A JSON file: the tokens in id order, and `target_words`."""
-        with open(path, "w", encoding="utf-8") as file:
-            json.dump({"target_words": self.target_words, "tokens": self.tokens}, file, ensure_ascii=False, indent=0)
+        saved = {"target_words": self.target_words, "tokens": self.tokens}
+        write_atomically(path, json.dumps(saved, ensure_ascii=False, indent=0))
 
     @classmethod
     def load(cls, path):

@@ -28,6 +28,7 @@ import keras
 
 from keras_transformer.data.corpus import concatenate
 from keras_transformer.data.corpus import read_json_object
+from keras_transformer.data.corpus import write_atomically
 from keras_transformer.data.corpus import read_parallel_text
 from keras_transformer.data.pipeline import make_dataset
 from keras_transformer.data.tokenizer import MODEL_FILE as VOCABULARY_FILE
@@ -261,7 +262,7 @@ class TrainingConfig:
         """Writes `train_config.json` into `directory` (the model dir)."""
         directory = directory or self.model_dir
         os.makedirs(directory, exist_ok=True)
-        _write_atomically(
+        write_atomically(
             os.path.join(directory, CONFIG_FILE), json.dumps(self.to_dict(), indent=2) + "\n"
         )
 
@@ -294,14 +295,6 @@ class TrainingConfig:
                 "that a training run writes into its model directory."
             )
         return cls.from_dict(read_json_object(path), source=path)
-
-
-def _write_atomically(path, text):
-    directory = os.path.dirname(path) or "."
-    with tempfile.NamedTemporaryFile("w", dir=directory, delete=False, suffix=".tmp") as file:
-        file.write(text)
-        temporary = file.name
-    os.replace(temporary, path)
 
 
 def prepare_model_dir(config, resume=False):
