@@ -104,6 +104,7 @@ def keras_hub_contender(model, hub_decoder, sampler, output_length, jit_compile)
     compiled = CompiledFunction(
         lambda source: keras_hub_search(model, hub_decoder, source, output_length, sampler),
         Weights(model, hub_decoder), [2], jit_compile=jit_compile,
+        direct_layer_calls=False,  # under torch, through `Layer.__call__`, as keras-hub runs
     )
 
     def prepare(source_ids):

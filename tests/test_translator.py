@@ -21,6 +21,7 @@ from keras_transformer.decoding import cached_step_function
 from keras_transformer.decoding import cross_attention_map
 from keras_transformer.decoding import greedy_search
 from keras_transformer.decoding import plot_cross_attention
+from keras_transformer.decoding.compiled import _direct_layer_calls
 
 SENTENCES = [
     "the old man sees the dog .",
@@ -140,6 +141,51 @@ def test_cached_step_function_gives_the_full_model_logits(model, tokenizer):
     for index in range(5):
         logits, state = step_fn(target_ids, index, state)
         np.testing.assert_allclose(to_numpy(logits), full[:, index], atol=1e-5)
+
+
+@pytest.mark.parametrize("quantize", [None, "int8"])
+def test_the_compiled_search_equals_the_search_through_keras_layer_calls(model, tokenizer, quantize):
+    """The `Translator`'s search is compiled under TensorFlow and JAX, and
+    under torch calls each built layer's `call` (or int8 `quantized_call`)
+    directly (decoding/compiled.py). Its beams and scores must be those of
+    the same search run eagerly through `Layer.__call__`; the model has
+    dropout, which neither may apply."""
+    assert model.dropout > 0
+    translator = Translator(model, tokenizer, beam_size=3, max_extra_length=6, quantize=quantize)
+    source_ids = source_batch(tokenizer, [s for s in SENTENCES if s.strip()])
+    limits = np.arange(len(source_ids), dtype="int32") % 4 + source_ids.shape[1]
+    compiled_ids, compiled_scores = translator._search(source_ids, limits)
+    ids, scores = translator._search_batch(keras.ops.convert_to_tensor(source_ids), keras.ops.convert_to_tensor(limits))
+    np.testing.assert_array_equal(compiled_ids, to_numpy(ids))
+    np.testing.assert_allclose(compiled_scores, to_numpy(scores), atol=1e-4)
+
+
+def test_direct_layer_calls_skip_keras_call_for_built_layers_only_and_end_with_their_block():
+    class Seen(keras.layers.Layer):
+        def build(self, shape):
+            self.built = True
+
+        def call(self, x):
+            self.seen = x
+            return x
+
+    built, unbuilt = Seen(), Seen()
+    built.build((2,))
+    x = np.ones((1, 2), "float32")
+    with pytest.raises(RuntimeError, match="inside"):
+        with _direct_layer_calls():
+            built(x)
+            assert built.seen is x  # `call` itself: Keras would convert x to a tensor
+            unbuilt(x)
+            assert unbuilt.built and unbuilt.seen is not x  # built by Keras's own `__call__`
+            with _direct_layer_calls(active=False):
+                built(x)
+                assert built.seen is not x
+            built(x)
+            assert built.seen is x
+            raise RuntimeError("an error inside the block")
+    built(x)
+    assert built.seen is not x
 
 
 def test_a_second_batch_of_the_same_bucket_is_not_traced_again(model, tokenizer):

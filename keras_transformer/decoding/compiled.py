@@ -5,8 +5,12 @@ TensorFlow a function becomes a `tf.function` whose input signature leaves
 every dimension open, so it is traced once for all shapes. Under JAX it
 becomes a `jax.jit` function of the model's weights and its inputs, so it is
 compiled once per input shape and the weights are not baked in as
-constants. Under torch it runs eagerly, without autograd.
+constants. Under torch it runs eagerly, without autograd, and calls the
+model's layers directly (see `_direct_layer_calls`).
 """
+
+import contextlib
+import threading
 
 import keras
 import numpy as np
@@ -21,12 +25,16 @@ class CompiledFunction:
         model: the model whose weights `fn` reads.
         input_ranks: the rank of each input, for TensorFlow's signature.
         jit_compile: compile with XLA under TensorFlow (JAX always does).
+        direct_layer_calls: under torch, call built layers' `call` without
+            `Layer.__call__` when no layer of `model` autocasts (see
+            `_direct_layer_calls`). The benchmarks turn it off to time
+            keras-hub's layers as keras-hub runs them.
 
     Call it with NumPy arrays; it returns NumPy arrays. `traces` counts how
     often `fn` was traced: once per call under torch, which runs eagerly.
     """
 
-    def __init__(self, fn, model, input_ranks, jit_compile=False):
+    def __init__(self, fn, model, input_ranks, jit_compile=False, direct_layer_calls=True):
         self.fn = fn
         self.model = model
         self.traces = 0
@@ -51,8 +59,10 @@ class CompiledFunction:
         elif backend == "torch":
             import torch
 
+            direct = direct_layer_calls and _has_one_dtype(model)
+
             def eager(*inputs):
-                with torch.no_grad():
+                with torch.no_grad(), _direct_layer_calls(direct):
                     return self._traced(*inputs)
 
             self._call = eager
@@ -70,3 +80,57 @@ class CompiledFunction:
         inputs = [keras.ops.convert_to_tensor(np.asarray(x, "int32")) for x in inputs]
         outputs = self._call(*inputs)
         return keras.tree.map_structure(keras.ops.convert_to_numpy, outputs)
+
+
+# Under torch nothing compiles the search: every step runs the model's
+# layers from Python. There `Layer.__call__`, which binds the arguments,
+# converts them, walks their nests for masks, resolves `training` and opens
+# name and dtype scopes, costs more than the arithmetic of a decoding step:
+# a greedy step of the small model at batch 1 took 6.8 ms through it and
+# 3.4 ms calling each built layer's `call` (benchmarks/README.md). A
+# decoding call needs none of that work when every layer computes in its
+# variables' dtype (no autocasting), passes `training=False` or leaves it
+# None (inference either way), and passes its masks explicitly, as ours do.
+
+_calling = threading.local()
+
+
+def _has_one_dtype(model):
+    """Whether no layer of `model` autocasts: mixed precision policies need
+    `Layer.__call__`'s dtype scope."""
+    return all(
+        layer.compute_dtype == layer.variable_dtype
+        for layer in model._flatten_layers(include_self=True)
+    )
+
+
+@contextlib.contextmanager
+def _direct_layer_calls(active=True):
+    """Within this block, on this thread, calling a built layer runs its
+    `call` (`quantized_call` if quantized) without `Layer.__call__`. Layers
+    not yet built, or under rematerialization, go the usual way."""
+    _install_direct_calls()
+    outer = getattr(_calling, "direct", False)
+    _calling.direct = active
+    try:
+        yield
+    finally:
+        _calling.direct = outer
+
+
+def _install_direct_calls():
+    layer_class = keras.layers.Layer
+    keras_call = layer_class.__call__
+    if getattr(keras_call, "direct_when_decoding", False):
+        return
+
+    def __call__(self, *args, **kwargs):
+        if self.built and not self._remat_mode and getattr(_calling, "direct", False):
+            # What `Operation.__call__` runs, with no Keras tensors about.
+            if getattr(self, "quantization_mode", None) is not None:
+                return self.quantized_call(*args, **kwargs)
+            return self.call(*args, **kwargs)
+        return keras_call(self, *args, **kwargs)
+
+    __call__.direct_when_decoding = True
+    layer_class.__call__ = __call__
