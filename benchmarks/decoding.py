@@ -177,6 +177,11 @@ def keras_hub_search(model, hub_decoder, source_ids, max_length, sampler):
         cache=(self_cache, cross_cache),
         index=1,
         mask=ops.equal(prompt, BOS),
+        # Under JAX the sampler's loop maps the variables of `model` to the
+        # compiled function's inputs, as keras-hub's `generate` passes its
+        # model; without it the decoder's weights became constants of the
+        # program, which XLA could lay out and fold ahead of time.
+        model=hub_decoder,
     )
 
 
