@@ -21,6 +21,8 @@ from keras_transformer.decoding import cached_step_function
 from keras_transformer.decoding import cross_attention_map
 from keras_transformer.decoding import greedy_search
 from keras_transformer.decoding import plot_cross_attention
+from keras_transformer.decoding import search_translations
+from keras_transformer.decoding.compiled import CompiledFunction
 from keras_transformer.decoding.compiled import _direct_layer_calls
 
 SENTENCES = [
@@ -158,6 +160,28 @@ def test_the_compiled_search_equals_the_search_through_keras_layer_calls(model, 
     ids, scores = translator._search_batch(keras.ops.convert_to_tensor(source_ids), keras.ops.convert_to_tensor(limits))
     np.testing.assert_array_equal(compiled_ids, to_numpy(ids))
     np.testing.assert_allclose(compiled_scores, to_numpy(scores), atol=1e-4)
+
+
+def test_a_mixed_precision_model_decodes_through_keras_layer_calls():
+    """Under mixed precision the layers need `Layer.__call__`'s dtype scope,
+    so `CompiledFunction` must not call them directly (under torch, doing so
+    fails on a bfloat16 input to a float32 kernel)."""
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        model = kt.build_transformer("tiny", vocabulary_size=300)
+    finally:
+        keras.config.set_dtype_policy("float32")
+    source_ids = np.random.default_rng(0).integers(4, 300, (3, 7)).astype("int32")
+    source_ids[:, -1] = 2
+    limits = np.full((3,), 10, "int32")
+
+    def search(source_ids, limits):
+        return search_translations(model, source_ids, limits, beam_size=2, alpha=0.6, max_extra_length=4, bos_id=1, eos_id=2)
+
+    compiled_ids, compiled_scores = CompiledFunction(search, model, [2, 1])(source_ids, limits)
+    ids, scores = search(keras.ops.convert_to_tensor(source_ids), keras.ops.convert_to_tensor(limits))
+    np.testing.assert_array_equal(compiled_ids, to_numpy(ids))
+    np.testing.assert_allclose(compiled_scores, to_numpy(scores), rtol=5e-3)  # bfloat16: XLA fuses differently
 
 
 def test_direct_layer_calls_skip_keras_call_for_built_layers_only_and_end_with_their_block():
