@@ -28,8 +28,8 @@ import keras
 
 from keras_transformer.data.corpus import concatenate
 from keras_transformer.data.corpus import read_json_object
-from keras_transformer.data.corpus import write_atomically
 from keras_transformer.data.corpus import read_parallel_text
+from keras_transformer.data.corpus import write_atomically
 from keras_transformer.data.pipeline import make_dataset
 from keras_transformer.data.tokenizer import MODEL_FILE as VOCABULARY_FILE
 from keras_transformer.data.tokenizer import SubwordTokenizer
