@@ -1,6 +1,7 @@
 """The main training-speed ratios as one PNG, from the benchmarks' JSON results.
 
-    python benchmarks/plot_ratios.py [--results benchmarks/results] [--out benchmarks/results/cpu_ratios.png]
+    python benchmarks/plot_ratios.py [--results benchmarks/results] [--out benchmarks/results/cpu_ratios.png] \
+        [--prefer metrics --prefer zen5]
 
 Reads what is there of:
 - `cpu_<backend>_small_float32.json` (`training_speed.py`): ours / keras-hub
@@ -9,7 +10,10 @@ Reads what is there of:
 - `precision_<backend>.json` (`precision.py`): mixed_bfloat16 / float32;
 - `bucketing_tensorflow.json` (`bucketing.py`): bucketed / padded batches.
 
-Each bar is a ratio measured in one run; the line on it is the target.
+`--prefer SUFFIX` (repeatable, first wins) reads `<name>_SUFFIX.json` in
+place of `<name>.json` where it exists, so that the plot can show the latest
+run of each benchmark while the older reports stay beside it. Each bar is a
+ratio measured in one run; the line on it is the target.
 """
 
 import argparse
@@ -20,33 +24,36 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 BACKENDS = ("tensorflow", "jax", "torch")
 
 
-def load(folder, name):
-    path = os.path.join(folder, name)
-    if not os.path.exists(path):
-        return None
-    with open(path) as file:
-        return json.load(file)
-
-
-def collect(folder):
+def collect(folder, prefer=()):
     """(label, value, target) for each ratio found, in display order."""
     bars = []
+
+    def load(name):
+        stem = name[: -len(".json")]
+        for candidate in [f"{stem}_{suffix}.json" for suffix in prefer] + [name]:
+            path = os.path.join(folder, candidate)
+            if os.path.exists(path):
+                print(f"{name}: reading {candidate}")
+                with open(path) as file:
+                    return json.load(file)
+        return None
+
     for backend in BACKENDS:
-        report = load(folder, f"cpu_{backend}_small_float32.json")
+        report = load(f"cpu_{backend}_small_float32.json")
         if report and "ours/keras_hub" in report["ratios"]:
             bars.append((f"ours / keras-hub, small fp32, {backend}", report["ratios"]["ours/keras_hub"], 1.0))
     for backend in BACKENDS:
-        report = load(folder, f"cpu_{backend}_small_float32.json")
+        report = load(f"cpu_{backend}_small_float32.json")
         if report and "ours/torch" in report["ratios"]:
             bars.append((f"ours / torch.nn.Transformer, small fp32, {backend}", report["ratios"]["ours/torch"], None))
-    report = load(folder, "cpu_tensorflow_base_float32.json")
+    report = load("cpu_tensorflow_base_float32.json")
     if report:
         bars.append(("ours, share of fp32 matmul peak, base, tensorflow", report["contenders"]["ours"]["mfu"], 0.75))
     for backend in BACKENDS:
-        report = load(folder, f"precision_{backend}.json")
+        report = load(f"precision_{backend}.json")
         if report:
             bars.append((f"mixed_bfloat16 / float32, Multi30k, {backend}", report["mixed_bfloat16/float32"], 1.5))
-    report = load(folder, "bucketing_tensorflow.json")
+    report = load("bucketing_tensorflow.json")
     if report:
         bars.append(("bucketed / padded batches, Multi30k, tensorflow", report["bucketed/padded"], 1.3))
     return bars
@@ -81,8 +88,10 @@ def main():
     parser.add_argument("--results", default=os.path.join(HERE, "results"))
     parser.add_argument("--out", default=os.path.join(HERE, "results", "cpu_ratios.png"))
     parser.add_argument("--title", default="Training speed on this project's 2-core CPU")
+    parser.add_argument("--prefer", action="append", default=[], metavar="SUFFIX",
+                        help="read <name>_SUFFIX.json where it exists (repeatable, first wins)")
     args = parser.parse_args()
-    bars = collect(args.results)
+    bars = collect(args.results, args.prefer)
     if not bars:
         parser.error(f"no benchmark results in {args.results}")
     plot(bars, args.out, args.title)

@@ -94,6 +94,20 @@ def test_plot_ratios_draws_each_ratio_found(tmp_path):
     assert "mixed_bfloat16 / float32, Multi30k, jax: 0.80 (target 1.5)" in stdout
 
 
+def test_plot_ratios_prefers_the_named_runs(tmp_path):
+    (tmp_path / "precision_jax.json").write_text(json.dumps({"mixed_bfloat16/float32": 0.8}))
+    (tmp_path / "precision_jax_new.json").write_text(json.dumps({"mixed_bfloat16/float32": 1.1}))
+    (tmp_path / "precision_tensorflow.json").write_text(json.dumps({"mixed_bfloat16/float32": 1.2}))
+    out = tmp_path / "ratios.png"
+    stdout = run_benchmark(
+        "plot_ratios.py", "--results", str(tmp_path), "--out", str(out), "--prefer", "new"
+    )
+    assert "mixed_bfloat16 / float32, Multi30k, jax: 1.10 (target 1.5)" in stdout
+    assert "precision_jax.json: reading precision_jax_new.json" in stdout
+    # Without a preferred run, the plain report is read.
+    assert "mixed_bfloat16 / float32, Multi30k, tensorflow: 1.20 (target 1.5)" in stdout
+
+
 def test_matmul_peak_reports_both_dtypes(tmp_path):
     out = tmp_path / "peak.json"
     stdout = run_benchmark("matmul_peak.py", "--sizes", "64", "--seconds", "0.05", "--json", str(out))
