@@ -212,6 +212,22 @@ def test_direct_layer_calls_skip_keras_call_for_built_layers_only_and_end_with_t
     assert built.seen is not x
 
 
+def test_operations_still_see_keras_tensors_in_nests_while_layers_are_called_directly():
+    """While decoding directly, an operation's test for Keras tensors looks
+    through lists, tuples and dicts only (decoding/compiled.py); it must
+    still send a symbolic call, nested or not, down Keras's symbolic path."""
+    symbolic = keras.KerasTensor((2, 3))
+    with _direct_layer_calls():
+        joined = keras.ops.concatenate([symbolic, (symbolic,)[0]], axis=0)
+        stacked = keras.ops.stack((symbolic, symbolic))
+        shifted = keras.ops.add(symbolic, 1.0)
+        real = keras.ops.add(np.ones((2, 3), "float32"), 1.0)
+    assert isinstance(joined, keras.KerasTensor) and tuple(joined.shape) == (4, 3)
+    assert isinstance(stacked, keras.KerasTensor) and tuple(stacked.shape) == (2, 2, 3)
+    assert isinstance(shifted, keras.KerasTensor)
+    np.testing.assert_array_equal(to_numpy(real), np.full((2, 3), 2.0))
+
+
 def test_a_second_batch_of_the_same_bucket_is_not_traced_again(model, tokenizer):
     translator = Translator(model, tokenizer, beam_size=2, batch_size=2, max_extra_length=4)
 

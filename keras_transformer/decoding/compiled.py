@@ -10,6 +10,7 @@ model's layers directly (see `_direct_layer_calls`).
 """
 
 import contextlib
+import sys
 import threading
 
 import keras
@@ -91,6 +92,12 @@ class CompiledFunction:
 # decoding call needs none of that work when every layer computes in its
 # variables' dtype (no autocasting), passes `training=False` or leaves it
 # None (inference either way), and passes its masks explicitly, as ours do.
+#
+# The next cost was each operation's test for symbolic (Keras) tensors
+# among its arguments, which walks every argument that is not itself a
+# Keras tensor with torch's pytree functions: a third of the Python time of
+# that step. While decoding directly, the test looks through lists, tuples
+# and dicts only, which are the nests a decoding step passes.
 
 _calling = threading.local()
 
@@ -134,3 +141,35 @@ def _install_direct_calls():
 
     __call__.direct_when_decoding = True
     layer_class.__call__ = __call__
+    _install_plain_symbolic_tests()
+
+
+def _holds_keras_tensor(value):
+    kind = type(value)
+    if kind is tuple or kind is list or kind is dict:
+        for item in value.values() if kind is dict else value:
+            if _holds_keras_tensor(item):
+                return True
+        return False
+    return isinstance(value, keras.KerasTensor)
+
+
+def _install_plain_symbolic_tests():
+    """Replaces `any_symbolic_tensors` in the modules of Keras operations
+    (and its quantizers) by a test that, while decoding directly, looks
+    through lists, tuples and dicts only; otherwise it is Keras's own."""
+    from keras.src.backend.common import keras_tensor
+
+    keras_test = keras_tensor.any_symbolic_tensors
+
+    def any_symbolic_tensors(args=None, kwargs=None):
+        if getattr(_calling, "direct", False):
+            return _holds_keras_tensor(args) or _holds_keras_tensor(kwargs)
+        return keras_test(args, kwargs)
+
+    for name, module in list(sys.modules.items()):
+        if (
+            name.startswith(("keras.src.ops.", "keras.src.quantizers."))
+            and getattr(module, "any_symbolic_tensors", None) is keras_test
+        ):
+            module.any_symbolic_tensors = any_symbolic_tensors
