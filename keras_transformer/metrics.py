@@ -44,7 +44,11 @@ class _TokenMetric(keras.metrics.Metric):
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class MaskedTokenAccuracy(_TokenMetric):
-    """The fraction of non-padding tokens whose argmax logit is the label."""
+    """The fraction of non-padding tokens whose argmax logit is the label.
+
+    Between tied logits, TensorFlow and JAX pick the lowest id; torch's
+    `top_k` may pick any of them.
+    """
 
     def __init__(self, padding_id=0, name="masked_token_accuracy", **kwargs):
         super().__init__(padding_id=padding_id, name=name, **kwargs)
