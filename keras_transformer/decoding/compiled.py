@@ -98,6 +98,12 @@ class CompiledFunction:
 # Keras tensor with torch's pytree functions: a third of the Python time of
 # that step. While decoding directly, the test looks through lists, tuples
 # and dicts only, which are the nests a decoding step passes.
+#
+# Then the cache writes: Keras's torch `slice_update` at a tensor position
+# (the step index is a tensor in the search loop) builds a grid of indices
+# over the whole update and scatters it with `index_put_`. While decoding
+# directly, it copies the cache and writes the update into a narrowed view
+# of the copy: the same result, as a copy and a block write.
 
 _calling = threading.local()
 
@@ -142,6 +148,8 @@ def _install_direct_calls():
     __call__.direct_when_decoding = True
     layer_class.__call__ = __call__
     _install_plain_symbolic_tests()
+    if keras.backend.backend() == "torch":
+        _install_block_slice_updates()
 
 
 def _holds_keras_tensor(value):
@@ -173,3 +181,39 @@ def _install_plain_symbolic_tests():
             and getattr(module, "any_symbolic_tensors", None) is keras_test
         ):
             module.any_symbolic_tensors = any_symbolic_tensors
+
+
+def _install_block_slice_updates():
+    """Replaces torch's `slice_update` by one that, while decoding directly,
+    copies `inputs` and writes `updates` into a narrowed view of the copy;
+    otherwise, or for starts other than ints and 0-d integer tensors, it is
+    Keras's own."""
+    import torch
+    from keras.src.backend.torch import core
+
+    keras_update = core.slice_update
+
+    def is_start(start):
+        if isinstance(start, int):
+            return True
+        return isinstance(start, torch.Tensor) and start.ndim == 0 and not start.is_floating_point()
+
+    def slice_update(inputs, start_indices, updates):
+        if (
+            getattr(_calling, "direct", False)
+            and isinstance(inputs, torch.Tensor)
+            and isinstance(updates, torch.Tensor)
+            and isinstance(start_indices, (list, tuple))
+            and len(start_indices) == inputs.ndim == updates.ndim
+            and all(is_start(start) for start in start_indices)
+        ):
+            outputs = inputs.clone()
+            block = outputs
+            for dim, (start, length) in enumerate(zip(start_indices, updates.shape)):
+                if not (isinstance(start, int) and start == 0 and length == block.shape[dim]):
+                    block = block.narrow(dim, start, length)
+            block.copy_(updates)
+            return outputs
+        return keras_update(inputs, start_indices, updates)
+
+    core.slice_update = slice_update
