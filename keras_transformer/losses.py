@@ -4,6 +4,16 @@ import keras
 from keras import ops
 
 
+def log_probabilities(logits):
+    """log softmax of the logits over the vocabulary, in float32.
+
+    The loss and the perplexity metric both call this, so that where a
+    training step is one compiled graph (TensorFlow, JAX) the two share one
+    pass over the `[B, T, V]` logits.
+    """
+    return ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
+
+
 def token_log_probabilities(labels, logits):
     """log p(label) and the mean log p over the vocabulary, per token.
 
@@ -18,7 +28,7 @@ def token_log_probabilities(labels, logits):
     Returns:
         `(label_log_probs, mean_log_probs)`, each float32 `[B, T]`.
     """
-    log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
+    log_probs = log_probabilities(logits)
     vocabulary_ids = ops.arange(log_probs.shape[-1], dtype="int32")
     is_label = ops.equal(ops.cast(labels, "int32")[..., None], vocabulary_ids)
     label_log_probs = ops.sum(ops.where(is_label, log_probs, 0.0), axis=-1)
@@ -28,17 +38,14 @@ def token_log_probabilities(labels, logits):
 def label_negative_log_likelihood(labels, logits):
     """-log p(label) per token, float32 `[B, T]`, for metrics (no gradient).
 
-    The log-probabilities are the loss's own expression,
-    `log_softmax(cast(logits, "float32"))`, so that where a training step is
-    one compiled graph (TensorFlow, JAX) the metric shares the loss's pass
-    over the vocabulary and adds only a gather; a gather is the cheapest pick
-    where nothing differentiates through it. Even alone (under torch) the
-    one fused `log_softmax` is faster than Keras's `logsumexp`, which makes
-    several passes.
+    The log-probabilities are the loss's own (`log_probabilities`), so that
+    where a training step is one compiled graph the metric adds only a
+    gather; a gather is the cheapest pick where nothing differentiates
+    through it. Even alone (under torch) the one fused `log_softmax` is
+    faster than Keras's `logsumexp`, which makes several passes.
     """
-    log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
     return -ops.take_along_axis(
-        log_probs, ops.cast(labels, "int32")[..., None], axis=-1
+        log_probabilities(logits), ops.cast(labels, "int32")[..., None], axis=-1
     )[..., 0]
 
 

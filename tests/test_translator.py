@@ -228,20 +228,17 @@ def test_operations_still_see_keras_tensors_in_nests_while_layers_are_called_dir
     np.testing.assert_array_equal(to_numpy(real), np.full((2, 3), 2.0))
 
 
-@pytest.mark.skipif(
-    keras.backend.backend() != "torch", reason="the block write replaces torch's `slice_update` only"
-)
 def test_cache_writes_while_decoding_directly_equal_keras_slice_update_and_leave_the_input():
     """Under torch, while decoding directly, `slice_update` copies its input
-    and writes the update as a block (decoding/compiled.py); its result must
-    be Keras's, at int and tensor starts, and its input must be unchanged."""
-    import torch
-
+    and writes the update as a block (decoding/compiled.py); on every
+    backend its result must be Keras's, at int and tensor starts, and its
+    input must be unchanged."""
     rng = np.random.default_rng(0)
     inputs = rng.normal(size=(2, 6, 3, 4)).astype("float32")
+    two, one = (keras.ops.convert_to_tensor(i, "int32") for i in (2, 1))
     cases = [
-        ([0, torch.tensor(2), 0, 0], rng.normal(size=(2, 1, 3, 4)).astype("float32")),
-        ([1, 2, 0, torch.tensor(1, dtype=torch.int32)], rng.normal(size=(1, 2, 3, 2)).astype("float32")),
+        ([0, two, 0, 0], rng.normal(size=(2, 1, 3, 4)).astype("float32")),
+        ([1, 2, 0, one], rng.normal(size=(1, 2, 3, 2)).astype("float32")),
     ]
     for starts, updates in cases:
         expected = to_numpy(keras.ops.slice_update(inputs, starts, updates))

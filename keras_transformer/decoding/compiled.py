@@ -105,7 +105,13 @@ class CompiledFunction:
 # directly, it copies the cache and writes the update into a narrowed view
 # of the copy: the same result, as a copy and a block write.
 
-_calling = threading.local()
+class _Calling(threading.local):
+    """Per thread: whether a decoding call runs its layers directly."""
+
+    direct = False
+
+
+_calling = _Calling()
 
 
 def _has_one_dtype(model):
@@ -123,7 +129,7 @@ def _direct_layer_calls(active=True):
     `call` (`quantized_call` if quantized) without `Layer.__call__`. Layers
     not yet built, or under rematerialization, go the usual way."""
     _install_direct_calls()
-    outer = getattr(_calling, "direct", False)
+    outer = _calling.direct
     _calling.direct = active
     try:
         yield
@@ -138,7 +144,7 @@ def _install_direct_calls():
         return
 
     def __call__(self, *args, **kwargs):
-        if self.built and not self._remat_mode and getattr(_calling, "direct", False):
+        if self.built and not self._remat_mode and _calling.direct:
             # What `Operation.__call__` runs, with no Keras tensors about.
             if getattr(self, "quantization_mode", None) is not None:
                 return self.quantized_call(*args, **kwargs)
@@ -171,7 +177,7 @@ def _install_plain_symbolic_tests():
     keras_test = keras_tensor.any_symbolic_tensors
 
     def any_symbolic_tensors(args=None, kwargs=None):
-        if getattr(_calling, "direct", False):
+        if _calling.direct:
             return _holds_keras_tensor(args) or _holds_keras_tensor(kwargs)
         return keras_test(args, kwargs)
 
@@ -200,7 +206,7 @@ def _install_block_slice_updates():
 
     def slice_update(inputs, start_indices, updates):
         if (
-            getattr(_calling, "direct", False)
+            _calling.direct
             and isinstance(inputs, torch.Tensor)
             and isinstance(updates, torch.Tensor)
             and isinstance(start_indices, (list, tuple))
@@ -210,8 +216,7 @@ def _install_block_slice_updates():
             outputs = inputs.clone()
             block = outputs
             for dim, (start, length) in enumerate(zip(start_indices, updates.shape)):
-                if not (isinstance(start, int) and start == 0 and length == block.shape[dim]):
-                    block = block.narrow(dim, start, length)
+                block = block.narrow(dim, start, length)
             block.copy_(updates)
             return outputs
         return keras_update(inputs, start_indices, updates)
