@@ -24,6 +24,7 @@ from keras_transformer.decoding import plot_cross_attention
 from keras_transformer.decoding import search_translations
 from keras_transformer.decoding.compiled import CompiledFunction
 from keras_transformer.decoding.compiled import _direct_layer_calls
+from keras_transformer.decoding.compiled import _remembered
 
 SENTENCES = [
     "the old man sees the dog .",
@@ -248,6 +249,99 @@ def test_cache_writes_while_decoding_directly_equal_keras_slice_update_and_leave
         np.testing.assert_array_equal(to_numpy(written), expected)
         np.testing.assert_array_equal(to_numpy(given), inputs)
         assert not np.array_equal(expected, inputs)
+
+
+def test_attention_while_decoding_directly_equals_keras_dot_product_attention():
+    """Under torch, while decoding directly, `dot_product_attention` gives
+    torch the transposed views of its inputs instead of contiguous copies
+    (decoding/compiled.py); on every backend its result must be Keras's,
+    with and without a mask, for a query that may attend to no key, for
+    keys and values that are views of a larger cache, and for the cases it
+    leaves to Keras (a bias)."""
+    rng = np.random.default_rng(0)
+    query = rng.normal(size=(2, 3, 2, 4)).astype("float32")  # [B, T, N, H]
+    cache = rng.normal(size=(2, 2, 5, 4)).astype("float32")  # [B, N, S, H]
+    mask = rng.random((2, 1, 3, 5)) < 0.6
+    mask[0, 0, 1] = False  # attends to no key
+    bias = rng.normal(size=(2, 1, 3, 5)).astype("float32")
+    cases = [{}, {"mask": mask}, {"bias": bias}, {"mask": mask, "scale": 0.3}]
+    for case in cases:
+        arguments = {name: keras.ops.convert_to_tensor(value) for name, value in case.items() if name != "scale"}
+        if "scale" in case:
+            arguments["scale"] = case["scale"]
+
+        def attend():
+            heads = keras.ops.convert_to_tensor(cache)
+            keys = keras.ops.transpose(heads, (0, 2, 1, 3))  # a view under torch
+            queries = keras.ops.convert_to_tensor(query)
+            return to_numpy(keras.ops.dot_product_attention(queries, keys, keys * 2.0, **arguments))
+
+        expected = attend()
+        with _direct_layer_calls():
+            got = attend()
+        np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+        assert np.all(np.isfinite(got))
+
+
+def test_conversions_while_decoding_directly_equal_keras():
+    """Under torch, while decoding directly, `convert_to_tensor` passes
+    tensors through (decoding/compiled.py); on every backend the results
+    must be Keras's, in value and dtype."""
+    tensor = keras.ops.convert_to_tensor(np.arange(6, dtype="float32").reshape(2, 3))
+    integers = keras.ops.convert_to_tensor(np.arange(3, dtype="int32"))
+    variable = keras.Variable(np.ones((2,), "float32"))
+
+    def conversions():
+        return [
+            keras.ops.convert_to_tensor(tensor),
+            keras.ops.convert_to_tensor(tensor, "float32"),
+            keras.ops.convert_to_tensor(tensor, "float16"),
+            keras.ops.convert_to_tensor(integers, "float32"),
+            keras.ops.convert_to_tensor(variable),
+            keras.ops.convert_to_tensor(2.5),
+            keras.ops.cast(integers, "int64"),
+            keras.ops.add(integers, 1),
+            keras.ops.add(tensor, integers),
+        ]
+
+    expected = conversions()
+    with _direct_layer_calls():
+        got = conversions()
+    for g, e in zip(got, expected):
+        assert keras.backend.standardize_dtype(g.dtype) == keras.backend.standardize_dtype(e.dtype)
+        np.testing.assert_array_equal(to_numpy(g), to_numpy(e))
+
+
+def test_remembered_dtype_functions_remember_only_while_decoding_directly():
+    """The dtype functions remember their answers while decoding directly,
+    except for None (the float type of the moment), unhashable dtypes and
+    errors, which they ask again every time."""
+    calls = []
+
+    def standardize(dtype):
+        calls.append(dtype)
+        if dtype == "float33":
+            raise ValueError(f"Invalid dtype: {dtype}")
+        return keras.config.floatx() if dtype is None else str(dtype)
+
+    remembering = _remembered(standardize)
+    assert remembering("int32") == remembering("int32") == "int32"
+    assert calls == ["int32", "int32"]  # outside the block: asked each time
+    calls.clear()
+    with _direct_layer_calls():
+        for _ in range(3):
+            assert remembering("int32") == "int32"
+            assert remembering(["int32"]) == "['int32']"
+            with pytest.raises(ValueError, match="float33"):
+                remembering("float33")
+        keras.config.set_floatx("float16")
+        try:
+            assert remembering(None) == "float16"
+        finally:
+            keras.config.set_floatx("float32")
+        assert remembering(None) == "float32"
+    assert calls.count("int32") == 1
+    assert calls.count(["int32"]) == 3 and calls.count("float33") == 3 and calls.count(None) == 2
 
 
 def test_a_second_batch_of_the_same_bucket_is_not_traced_again(model, tokenizer):

@@ -104,6 +104,21 @@ class CompiledFunction:
 # over the whole update and scatters it with `index_put_`. While decoding
 # directly, it copies the cache and writes the update into a narrowed view
 # of the copy: the same result, as a copy and a block write.
+#
+# Then what every operation pays on its way to torch (benchmarks/README.md,
+# torch decoding at base, batch 32: a third of the search was Python and
+# torch's dispatch, not arithmetic). While decoding directly:
+# - `dot_product_attention` hands the heads-second views of the queries,
+#   keys and values to torch's `scaled_dot_product_attention` as they are.
+#   Keras's copies each into a contiguous tensor first: at every step, the
+#   whole self-attention cache of every layer.
+# - `convert_to_tensor` returns a torch tensor as it is (cast if a dtype is
+#   asked for). Keras's also checks it against Keras's device, and calls
+#   `.to` even when the dtype is already right; inside a decoding call
+#   every tensor comes from the model's weights and inputs, which are on
+#   that device already.
+# - `standardize_dtype` and `to_torch_dtype` remember their answers: each
+#   operation calls them several times, always with the same few dtypes.
 
 class _Calling(threading.local):
     """Per thread: whether a decoding call runs its layers directly."""
@@ -156,6 +171,9 @@ def _install_direct_calls():
     _install_plain_symbolic_tests()
     if keras.backend.backend() == "torch":
         _install_block_slice_updates()
+        _install_attention_on_views()
+        _install_tensor_passthrough()
+        _install_dtype_memos()
 
 
 def _holds_keras_tensor(value):
@@ -222,3 +240,135 @@ def _install_block_slice_updates():
         return keras_update(inputs, start_indices, updates)
 
     core.slice_update = slice_update
+
+
+def _install_attention_on_views():
+    """Replaces torch's `dot_product_attention` by one that, while decoding
+    directly, gives torch's `scaled_dot_product_attention` the transposed
+    views of its inputs instead of contiguous copies; otherwise, or with a
+    bias, a causal flag, a soft cap, a flash-attention choice, grouped heads,
+    mixed dtypes or a mask that is not boolean, it is Keras's own."""
+    import torch
+    from keras.src.backend.torch import nn as torch_nn
+
+    keras_attention = torch_nn.dot_product_attention
+    large_negatives = {}
+
+    def large_negative(like):
+        # Keras's stand-in for -inf in masked scores, as a tensor of `like`'s
+        # dtype; made once per dtype and device.
+        key = (like.dtype, like.device)
+        if key not in large_negatives:
+            large_negatives[key] = torch_nn._get_large_negative(like.dtype).to(like.device)
+        return large_negatives[key]
+
+    def fits(query, key, value, mask):
+        heads = {tensor.shape[2] for tensor in (query, key, value) if type(tensor) is torch.Tensor and tensor.ndim == 4}
+        return (
+            len(heads) == 1
+            and all(type(tensor) is torch.Tensor and tensor.ndim == 4 for tensor in (query, key, value))
+            and query.dtype == key.dtype == value.dtype
+            and (mask is None or (type(mask) is torch.Tensor and mask.dtype == torch.bool))
+        )
+
+    def dot_product_attention(
+        query,
+        key,
+        value,
+        bias=None,
+        mask=None,
+        scale=None,
+        is_causal=False,
+        flash_attention=None,
+        attn_logits_soft_cap=None,
+    ):
+        if (
+            _calling.direct
+            and bias is None
+            and not is_causal
+            and flash_attention is None
+            and attn_logits_soft_cap is None
+            and fits(query, key, value, mask)
+        ):
+            if mask is not None:
+                mask = torch.where(mask, 0.0, large_negative(query))
+            attended = torch.nn.functional.scaled_dot_product_attention(
+                query.transpose(1, 2),  # [B, N, T, H] views of [B, T, N, H]
+                key.transpose(1, 2),
+                value.transpose(1, 2),
+                attn_mask=mask,
+                scale=scale,
+            )
+            return attended.transpose(1, 2)
+        return keras_attention(
+            query,
+            key,
+            value,
+            bias=bias,
+            mask=mask,
+            scale=scale,
+            is_causal=is_causal,
+            flash_attention=flash_attention,
+            attn_logits_soft_cap=attn_logits_soft_cap,
+        )
+
+    torch_nn.dot_product_attention = dot_product_attention
+
+
+def _replace_in_modules(prefix, original, replacement):
+    """Rebinds every module attribute under `prefix` that is `original`."""
+    for name, module in list(sys.modules.items()):
+        if not name.startswith(prefix) or module is None:
+            continue
+        for attribute, value in list(vars(module).items()):
+            if value is original:
+                setattr(module, attribute, replacement)
+
+
+def _install_tensor_passthrough():
+    """Replaces torch's `convert_to_tensor` in Keras's backend modules by
+    one that, while decoding directly, returns a torch tensor as it is, or
+    cast to the dtype asked for; otherwise it is Keras's own."""
+    import torch
+    from keras.src.backend.torch import core
+
+    keras_convert = core.convert_to_tensor
+
+    def convert_to_tensor(x, dtype=None, sparse=None, ragged=None):
+        if _calling.direct and type(x) is torch.Tensor and not sparse and not ragged:
+            if dtype is None:
+                return x
+            dtype = core.to_torch_dtype(dtype)
+            return x if x.dtype == dtype else x.to(dtype)
+        return keras_convert(x, dtype=dtype, sparse=sparse, ragged=ragged)
+
+    _replace_in_modules("keras.src.backend", keras_convert, convert_to_tensor)
+
+
+def _remembered(function):
+    """`function` of a dtype, remembering its answers while decoding
+    directly (for dtypes that can be dict keys; not None, which means the
+    float type of the moment)."""
+    answers = {}
+
+    def remembering(dtype):
+        if not _calling.direct or dtype is None:
+            return function(dtype)
+        try:
+            return answers[dtype]
+        except KeyError:
+            answer = answers[dtype] = function(dtype)
+            return answer
+        except TypeError:  # not hashable
+            return function(dtype)
+
+    return remembering
+
+
+def _install_dtype_memos():
+    """`standardize_dtype` and torch's `to_torch_dtype`, remembering."""
+    from keras.src.backend.common import variables
+    from keras.src.backend.torch import core
+
+    for original in (variables.standardize_dtype, core.to_torch_dtype):
+        _replace_in_modules("keras.src", original, _remembered(original))
