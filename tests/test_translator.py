@@ -24,6 +24,7 @@ from keras_transformer.decoding import plot_cross_attention
 from keras_transformer.decoding import search_translations
 from keras_transformer.decoding.compiled import CompiledFunction
 from keras_transformer.decoding.compiled import _direct_layer_calls
+from keras_transformer.decoding.compiled import _matrix_product_form
 from keras_transformer.decoding.compiled import _remembered
 
 SENTENCES = [
@@ -310,6 +311,47 @@ def test_conversions_while_decoding_directly_equal_keras():
     for g, e in zip(got, expected):
         assert keras.backend.standardize_dtype(g.dtype) == keras.backend.standardize_dtype(e.dtype)
         np.testing.assert_array_equal(to_numpy(g), to_numpy(e))
+
+
+def test_int8_products_while_decoding_directly_equal_keras():
+    """Under torch on the CPU, while decoding directly, int8 by int8 matrix
+    products (Keras's int8 `Dense` and `EinsumDense`) are int8 GEMMs
+    (decoding/compiled.py); on every backend their int32 sums must be
+    Keras's, for every form they take or leave to Keras."""
+    rng = np.random.default_rng(0)
+
+    def int8(*shape):
+        return keras.ops.convert_to_tensor(rng.integers(-127, 128, shape).astype("int8"))
+
+    x2, x3, heads = int8(5, 16), int8(2, 5, 16), int8(5, 4, 8)
+    kernel, head_kernel, back_kernel = int8(16, 24), int8(16, 4, 8), int8(4, 8, 16)
+
+    def products():
+        return [
+            keras.ops.matmul(x2, kernel),
+            keras.ops.matmul(x3, kernel),
+            keras.ops.einsum("td,dnh->tnh", x2, head_kernel),
+            keras.ops.einsum("tnh,nhd->td", heads, back_kernel),
+            keras.ops.einsum("ab,cb->ac", x2, keras.ops.transpose(kernel)),  # not a product form: Keras's
+            keras.ops.matmul(keras.ops.cast(x2, "float32"), keras.ops.cast(kernel, "float32")),
+        ]
+
+    expected = products()
+    with _direct_layer_calls():
+        got = products()
+    for g, e in zip(got, expected):
+        assert keras.backend.standardize_dtype(g.dtype) == keras.backend.standardize_dtype(e.dtype)
+        np.testing.assert_array_equal(to_numpy(g), to_numpy(e))
+    assert keras.backend.standardize_dtype(got[0].dtype) == "int32"
+    assert np.abs(to_numpy(got[0])).max() > 127 * 127  # sums beyond int16
+
+
+def test_matrix_product_form_of_einsum_equations():
+    assert _matrix_product_form("td,dnh->tnh") == 1
+    assert _matrix_product_form("tnh,nhd->td") == 2
+    assert _matrix_product_form("abc,cd->abd") == 1
+    for equation in ("ab,cb->ac", "ab,bc->ca", "btnh,bsnh->bnts", "a,a->", "...d,dn->...n", "ab,bc,cd->ad", "aab,bc->ac"):
+        assert _matrix_product_form(equation) is None, equation
 
 
 def test_remembered_dtype_functions_remember_only_while_decoding_directly():

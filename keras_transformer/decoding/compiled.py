@@ -119,6 +119,12 @@ class CompiledFunction:
 #   that device already.
 # - `standardize_dtype` and `to_torch_dtype` remember their answers: each
 #   operation calls them several times, always with the same few dtypes.
+# - An int8 by int8 `matmul` or `einsum` (Keras's int8 `Dense` and
+#   `EinsumDense`) on the CPU is one `torch._int_mm`, an int8 GEMM with
+#   int32 sums. Keras uses it on CUDA only; on the CPU it casts both to
+#   int32 and multiplies them with torch's generic kernel, several times
+#   slower than a float32 product of the same shape. The sums are exact
+#   integers either way, so the results are the same.
 
 class _Calling(threading.local):
     """Per thread: whether a decoding call runs its layers directly."""
@@ -174,6 +180,7 @@ def _install_direct_calls():
         _install_attention_on_views()
         _install_tensor_passthrough()
         _install_dtype_memos()
+        _install_int8_products()
 
 
 def _holds_keras_tensor(value):
@@ -372,3 +379,83 @@ def _install_dtype_memos():
 
     for original in (variables.standardize_dtype, core.to_torch_dtype):
         _replace_in_modules("keras.src", original, _remembered(original))
+
+
+def _matrix_product_form(equation):
+    """For an einsum `equation` of an input and a kernel that is a matrix
+    product (the input's trailing axes contracted with the kernel's leading
+    ones, such as `td,dnh->tnh` or `tnh,nhd->td`), the number of contracted
+    axes; otherwise None."""
+    inputs, _, output = equation.replace(" ", "").partition("->")
+    operands = inputs.split(",")
+    if len(operands) != 2 or "." in equation or not output:
+        return None
+    lhs, rhs = operands
+    letters = lhs + rhs
+    if len(set(lhs)) != len(lhs) or len(set(rhs)) != len(rhs) or len(set(output)) != len(output):
+        return None
+    contracted = len(set(lhs) & set(rhs))
+    if (
+        contracted == 0
+        or lhs[len(lhs) - contracted :] != rhs[:contracted]
+        or output != lhs[: len(lhs) - contracted] + rhs[contracted:]
+        or not set(output) <= set(letters)
+    ):
+        return None
+    return contracted
+
+
+def _install_int8_products():
+    """Replaces torch's `matmul` and `einsum` by ones that, while decoding
+    directly on the CPU, multiply int8 by int8 in matrix-product form with
+    `torch._int_mm`; otherwise, or if torch refuses the shapes, they are
+    Keras's own."""
+    import torch
+    from keras.src.backend.torch import numpy as torch_numpy
+
+    keras_matmul = torch_numpy.matmul
+    keras_einsum = torch_numpy.einsum
+
+    def int8_product(x, kernel, contracted):
+        """x `[..., K...]` times kernel `[K..., N...]` in int32, or None."""
+        if not _calling.direct:
+            return None
+        if isinstance(kernel, keras.Variable):  # Keras's int8 layers pass their kernel
+            kernel = kernel.value
+        if not (
+            isinstance(x, torch.Tensor)
+            and isinstance(kernel, torch.Tensor)  # a Parameter, for a kernel
+            and x.dtype == kernel.dtype == torch.int8
+            and x.device.type == kernel.device.type == "cpu"
+            and x.ndim > contracted
+            and kernel.ndim > contracted
+            and x.shape[x.ndim - contracted :] == kernel.shape[:contracted]
+        ):
+            return None
+        kept = x.shape[: x.ndim - contracted]
+        produced = kernel.shape[contracted:]
+        depth = kernel.shape[:contracted].numel()
+        try:
+            sums = torch._int_mm(x.reshape(-1, depth), kernel.reshape(depth, -1))
+        except RuntimeError:
+            return None
+        return sums.reshape(kept + produced)
+
+    def matmul(x1, x2):
+        if getattr(x2, "ndim", None) == 2:
+            sums = int8_product(x1, x2, 1)
+            if sums is not None:
+                return sums
+        return keras_matmul(x1, x2)
+
+    def einsum(subscripts, *operands, **kwargs):
+        if len(operands) == 2 and not kwargs:
+            contracted = _matrix_product_form(subscripts)
+            if contracted is not None:
+                sums = int8_product(operands[0], operands[1], contracted)
+                if sums is not None:
+                    return sums
+        return keras_einsum(subscripts, *operands, **kwargs)
+
+    _replace_in_modules("keras.src.backend", keras_matmul, matmul)
+    _replace_in_modules("keras.src.backend", keras_einsum, einsum)
