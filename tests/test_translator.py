@@ -346,6 +346,31 @@ def test_int8_products_while_decoding_directly_equal_keras():
     assert np.abs(to_numpy(got[0])).max() > 127 * 127  # sums beyond int16
 
 
+def test_input_quantization_while_decoding_directly_equals_keras():
+    """Under torch, while decoding directly, the int8 layers' quantization
+    of their inputs runs in torch's own operations (decoding/compiled.py);
+    on every backend it must give Keras's int8 values and scales, for rows
+    of zeros, halves that round to even, and either axis."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(4, 16)).astype("float32")
+    x[1] = 0.0
+    x[2] = np.arange(16) - 7.75  # scale 127 / 8.25; halves below
+    x[3] = np.concatenate([[63.5], np.arange(15) / 2 - 3.25])  # scale 2: x.5 everywhere
+    x = keras.ops.convert_to_tensor(x)
+    quantizer = keras.quantizers.AbsMaxQuantizer(axis=-1)
+
+    def quantize():
+        return [quantizer(x), quantizer(x, axis=0), keras.quantizers.abs_max_quantize(x, -1)]
+
+    expected = quantize()
+    with _direct_layer_calls():
+        got = quantize()
+    for (values, scale), (expected_values, expected_scale) in zip(got, expected):
+        assert keras.backend.standardize_dtype(values.dtype) == "int8"
+        np.testing.assert_array_equal(to_numpy(values), to_numpy(expected_values))
+        np.testing.assert_array_equal(to_numpy(scale), to_numpy(expected_scale))
+
+
 def test_matrix_product_form_of_einsum_equations():
     assert _matrix_product_form("td,dnh->tnh") == 1
     assert _matrix_product_form("tnh,nhd->td") == 2

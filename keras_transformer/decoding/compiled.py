@@ -125,6 +125,9 @@ class CompiledFunction:
 #   int32 and multiplies them with torch's generic kernel, several times
 #   slower than a float32 product of the same shape. The sums are exact
 #   integers either way, so the results are the same.
+# - The int8 layers' quantization of their inputs (scale by the absolute
+#   maximum, round, clip, cast) is the same arithmetic in torch's own
+#   operations, without a Keras operation's overhead around each of nine.
 
 class _Calling(threading.local):
     """Per thread: whether a decoding call runs its layers directly."""
@@ -181,6 +184,7 @@ def _install_direct_calls():
         _install_tensor_passthrough()
         _install_dtype_memos()
         _install_int8_products()
+        _install_torch_input_quantizer()
 
 
 def _holds_keras_tensor(value):
@@ -459,3 +463,36 @@ def _install_int8_products():
 
     _replace_in_modules("keras.src.backend", keras_matmul, matmul)
     _replace_in_modules("keras.src.backend", keras_einsum, einsum)
+
+
+def _install_torch_input_quantizer():
+    """Replaces Keras's `abs_max_quantize` (which its int8 layers call on
+    their inputs) by one that, while decoding directly, computes it with
+    torch's operations; otherwise, or for inputs other than float32 torch
+    tensors or axes other than ints, it is Keras's own."""
+    import torch
+    from keras.src.quantizers import quantizers
+
+    keras_quantize = quantizers.abs_max_quantize
+    int8 = torch.int8
+
+    def abs_max_quantize(
+        inputs, axis, value_range=(-127, 127), dtype="int8", epsilon=keras.config.epsilon(), to_numpy=False
+    ):
+        if (
+            not _calling.direct
+            or to_numpy
+            or type(inputs) is not torch.Tensor
+            or inputs.dtype != torch.float32
+            or not isinstance(axis, int)
+            or dtype != "int8"
+        ):
+            return keras_quantize(inputs, axis, value_range, dtype, epsilon, to_numpy)
+        low, high = value_range
+        # Keras's operations, in Keras's order, in float32.
+        largest = torch.amax(torch.abs(inputs), dim=axis, keepdim=True)
+        scale = torch.divide(high, torch.add(largest, epsilon))
+        outputs = torch.clip(torch.round(torch.multiply(inputs, scale)), low, high)
+        return outputs.to(int8), scale
+
+    quantizers.abs_max_quantize = abs_max_quantize
