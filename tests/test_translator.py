@@ -371,6 +371,31 @@ def test_input_quantization_while_decoding_directly_equals_keras():
         np.testing.assert_array_equal(to_numpy(scale), to_numpy(expected_scale))
 
 
+def test_custom_gradient_functions_while_decoding_directly_return_their_output():
+    """Under torch, while decoding directly, a function with a custom
+    gradient (each int8 layer's product) is called without Keras's
+    `torch.autograd.Function` (decoding/compiled.py); on every backend it
+    must return what it returns outside."""
+
+    def tripled(x):  # decorated at each call, as Keras's int8 layers do
+        @keras.ops.custom_gradient
+        def product(x):
+            def gradient(*args, upstream=None):
+                upstream = args[0] if upstream is None else upstream
+                return upstream * 3.0
+
+            return x * 3.0, gradient
+
+        return product(x)
+
+    x = keras.ops.convert_to_tensor(np.arange(4, dtype="float32"))
+    expected = to_numpy(tripled(x))
+    with _direct_layer_calls():
+        got = tripled(x)
+    np.testing.assert_array_equal(to_numpy(got), expected)
+    np.testing.assert_array_equal(expected, np.arange(4) * 3.0)
+
+
 def test_matrix_product_form_of_einsum_equations():
     assert _matrix_product_form("td,dnh->tnh") == 1
     assert _matrix_product_form("tnh,nhd->td") == 2

@@ -128,6 +128,9 @@ class CompiledFunction:
 # - The int8 layers' quantization of their inputs (scale by the absolute
 #   maximum, round, clip, cast) is the same arithmetic in torch's own
 #   operations, without a Keras operation's overhead around each of nine.
+# - A function with a custom gradient (each int8 layer's product is one)
+#   is called as it is: no gradient is taken while decoding, and Keras's
+#   torch `custom_gradient` wraps every call in a `torch.autograd.Function`.
 
 class _Calling(threading.local):
     """Per thread: whether a decoding call runs its layers directly."""
@@ -185,6 +188,7 @@ def _install_direct_calls():
         _install_dtype_memos()
         _install_int8_products()
         _install_torch_input_quantizer()
+        _install_plain_custom_gradients()
 
 
 def _holds_keras_tensor(value):
@@ -496,3 +500,25 @@ def _install_torch_input_quantizer():
         return outputs.to(int8), scale
 
     quantizers.abs_max_quantize = abs_max_quantize
+
+
+def _install_plain_custom_gradients():
+    """Replaces torch's `custom_gradient` by one whose functions, called
+    while decoding directly, return their output without the
+    `torch.autograd.Function` around them; otherwise it is Keras's own."""
+    from keras.src.backend.torch import core
+
+    keras_custom_gradient = core.custom_gradient
+
+    class custom_gradient(keras_custom_gradient):
+        def __call__(self, *args, **kwargs):
+            if not _calling.direct:
+                return super().__call__(*args, **kwargs)
+            outputs = self.forward_fn(*args, **kwargs)
+            try:
+                output, _ = outputs  # (output, gradient function), as Keras unpacks it
+            except (TypeError, ValueError):
+                return outputs
+            return output
+
+    _replace_in_modules("keras.src.backend", keras_custom_gradient, custom_gradient)
