@@ -10,6 +10,7 @@ model's layers directly (see `_direct_layer_calls`).
 """
 
 import contextlib
+import functools
 import sys
 import threading
 
@@ -389,6 +390,7 @@ def _install_dtype_memos():
         _replace_in_modules("keras.src", original, _remembered(original))
 
 
+@functools.lru_cache(maxsize=64)
 def _matrix_product_form(equation):
     """For an einsum `equation` of an input and a kernel that is a matrix
     product (the input's trailing axes contracted with the kernel's leading
@@ -457,7 +459,12 @@ def _install_int8_products():
         return keras_matmul(x1, x2)
 
     def einsum(subscripts, *operands, **kwargs):
-        if len(operands) == 2 and not kwargs:
+        if (
+            _calling.direct
+            and len(operands) == 2
+            and not kwargs
+            and getattr(operands[0], "dtype", None) == torch.int8
+        ):
             contracted = _matrix_product_form(subscripts)
             if contracted is not None:
                 sums = int8_product(operands[0], operands[1], contracted)
