@@ -284,6 +284,18 @@ def test_attention_while_decoding_directly_equals_keras_dot_product_attention():
         assert np.all(np.isfinite(got))
 
 
+def same_outside_and_while_decoding_directly(compute):
+    """`compute()` inside `_direct_layer_calls`, checked against it outside:
+    the same dtypes and values."""
+    expected = compute()
+    with _direct_layer_calls():
+        got = compute()
+    for g, e in zip(got, expected, strict=True):
+        assert keras.backend.standardize_dtype(g.dtype) == keras.backend.standardize_dtype(e.dtype)
+        np.testing.assert_array_equal(to_numpy(g), to_numpy(e))
+    return got
+
+
 def test_conversions_while_decoding_directly_equal_keras():
     """Under torch, while decoding directly, `convert_to_tensor` passes
     tensors through (decoding/compiled.py); on every backend the results
@@ -305,12 +317,7 @@ def test_conversions_while_decoding_directly_equal_keras():
             keras.ops.add(tensor, integers),
         ]
 
-    expected = conversions()
-    with _direct_layer_calls():
-        got = conversions()
-    for g, e in zip(got, expected):
-        assert keras.backend.standardize_dtype(g.dtype) == keras.backend.standardize_dtype(e.dtype)
-        np.testing.assert_array_equal(to_numpy(g), to_numpy(e))
+    same_outside_and_while_decoding_directly(conversions)
 
 
 def test_int8_products_while_decoding_directly_equal_keras():
@@ -336,12 +343,7 @@ def test_int8_products_while_decoding_directly_equal_keras():
             keras.ops.matmul(keras.ops.cast(x2, "float32"), keras.ops.cast(kernel, "float32")),
         ]
 
-    expected = products()
-    with _direct_layer_calls():
-        got = products()
-    for g, e in zip(got, expected):
-        assert keras.backend.standardize_dtype(g.dtype) == keras.backend.standardize_dtype(e.dtype)
-        np.testing.assert_array_equal(to_numpy(g), to_numpy(e))
+    got = same_outside_and_while_decoding_directly(products)
     assert keras.backend.standardize_dtype(got[0].dtype) == "int32"
     assert np.abs(to_numpy(got[0])).max() > 127 * 127  # sums beyond int16
 
