@@ -279,10 +279,9 @@ def _install_attention_on_views():
         return large_negatives[key]
 
     def fits(query, key, value, mask):
-        heads = {tensor.shape[2] for tensor in (query, key, value) if type(tensor) is torch.Tensor and tensor.ndim == 4}
         return (
-            len(heads) == 1
-            and all(type(tensor) is torch.Tensor and tensor.ndim == 4 for tensor in (query, key, value))
+            all(type(tensor) is torch.Tensor and tensor.ndim == 4 for tensor in (query, key, value))
+            and query.shape[2] == key.shape[2] == value.shape[2]  # no grouped heads
             and query.dtype == key.dtype == value.dtype
             and (mask is None or (type(mask) is torch.Tensor and mask.dtype == torch.bool))
         )
