@@ -215,12 +215,7 @@ def _install_plain_symbolic_tests():
             return _holds_keras_tensor(args) or _holds_keras_tensor(kwargs)
         return keras_test(args, kwargs)
 
-    for name, module in list(sys.modules.items()):
-        if (
-            name.startswith(("keras.src.ops.", "keras.src.quantizers."))
-            and getattr(module, "any_symbolic_tensors", None) is keras_test
-        ):
-            module.any_symbolic_tensors = any_symbolic_tensors
+    _replace_in_modules(("keras.src.ops.", "keras.src.quantizers."), keras_test, any_symbolic_tensors)
 
 
 def _install_block_slice_updates():
@@ -255,7 +250,7 @@ def _install_block_slice_updates():
             return outputs
         return keras_update(inputs, start_indices, updates)
 
-    core.slice_update = slice_update
+    _replace_in_modules("keras.src.backend", keras_update, slice_update)
 
 
 def _install_attention_on_views():
@@ -327,11 +322,12 @@ def _install_attention_on_views():
             attn_logits_soft_cap=attn_logits_soft_cap,
         )
 
-    torch_nn.dot_product_attention = dot_product_attention
+    _replace_in_modules("keras.src.backend", keras_attention, dot_product_attention)
 
 
 def _replace_in_modules(prefix, original, replacement):
-    """Rebinds every module attribute under `prefix` that is `original`."""
+    """Rebinds every module attribute that is `original`, in the modules
+    whose names start with `prefix` (a string, or a tuple of them)."""
     for name, module in list(sys.modules.items()):
         if not name.startswith(prefix) or module is None:
             continue
@@ -425,16 +421,18 @@ def _install_int8_products():
     keras_matmul = torch_numpy.matmul
     keras_einsum = torch_numpy.einsum
 
+    def int8_input(x):
+        """Whether `x` is an int8 torch tensor met while decoding directly:
+        checked first, so that float products pay nothing more."""
+        return _calling.direct and type(x) is torch.Tensor and x.dtype == torch.int8
+
     def int8_product(x, kernel, contracted):
-        """x `[..., K...]` times kernel `[K..., N...]` in int32, or None."""
-        if not _calling.direct:
-            return None
+        """int8 x `[..., K...]` times kernel `[K..., N...]` in int32, or None."""
         if isinstance(kernel, keras.Variable):  # Keras's int8 layers pass their kernel
             kernel = kernel.value
         if not (
-            isinstance(x, torch.Tensor)
-            and isinstance(kernel, torch.Tensor)  # a Parameter, for a kernel
-            and x.dtype == kernel.dtype == torch.int8
+            isinstance(kernel, torch.Tensor)  # a Parameter, for a kernel
+            and kernel.dtype == torch.int8
             and x.device.type == kernel.device.type == "cpu"
             and x.ndim > contracted
             and kernel.ndim > contracted
@@ -451,19 +449,14 @@ def _install_int8_products():
         return sums.reshape(kept + produced)
 
     def matmul(x1, x2):
-        if getattr(x2, "ndim", None) == 2:
+        if int8_input(x1) and getattr(x2, "ndim", None) == 2:
             sums = int8_product(x1, x2, 1)
             if sums is not None:
                 return sums
         return keras_matmul(x1, x2)
 
     def einsum(subscripts, *operands, **kwargs):
-        if (
-            _calling.direct
-            and len(operands) == 2
-            and not kwargs
-            and getattr(operands[0], "dtype", None) == torch.int8
-        ):
+        if len(operands) == 2 and not kwargs and int8_input(operands[0]):
             contracted = _matrix_product_form(subscripts)
             if contracted is not None:
                 sums = int8_product(operands[0], operands[1], contracted)
@@ -484,7 +477,6 @@ def _install_torch_input_quantizer():
     from keras.src.quantizers import quantizers
 
     keras_quantize = quantizers.abs_max_quantize
-    int8 = torch.int8
 
     def abs_max_quantize(
         inputs, axis, value_range=(-127, 127), dtype="int8", epsilon=keras.config.epsilon(), to_numpy=False
@@ -503,9 +495,9 @@ def _install_torch_input_quantizer():
         largest = torch.amax(torch.abs(inputs), dim=axis, keepdim=True)
         scale = torch.divide(high, torch.add(largest, epsilon))
         outputs = torch.clip(torch.round(torch.multiply(inputs, scale)), low, high)
-        return outputs.to(int8), scale
+        return outputs.to(torch.int8), scale
 
-    quantizers.abs_max_quantize = abs_max_quantize
+    _replace_in_modules("keras.src.quantizers", keras_quantize, abs_max_quantize)
 
 
 def _install_plain_custom_gradients():
