@@ -24,6 +24,7 @@ from keras_transformer.decoding import plot_cross_attention
 from keras_transformer.decoding import search_translations
 from keras_transformer.decoding.compiled import CompiledFunction
 from keras_transformer.decoding.compiled import _direct_layer_calls
+from keras_transformer.decoding.compiled import _TracedLoops
 from keras_transformer.decoding.compiled import _matrix_product_form
 from keras_transformer.decoding.compiled import _remembered
 
@@ -151,17 +152,28 @@ def test_cached_step_function_gives_the_full_model_logits(model, tokenizer):
 def test_the_compiled_search_equals_the_search_through_keras_layer_calls(model, tokenizer, quantize):
     """The `Translator`'s search is compiled under TensorFlow and JAX, and
     under torch calls each built layer's `call` (or int8 `quantized_call`)
-    directly (decoding/compiled.py). Its beams and scores must be those of
-    the same search run eagerly through `Layer.__call__`; the model has
-    dropout, which neither may apply."""
+    directly and replays traces of its loops (decoding/compiled.py). Its
+    beams and scores must be those of the same search run eagerly through
+    `Layer.__call__`, for a second batch of the same shape too (with other
+    sentences and limits, which a trace must take from that call); the
+    model has dropout, which neither may apply."""
     assert model.dropout > 0
     translator = Translator(model, tokenizer, beam_size=3, max_extra_length=6, quantize=quantize)
-    source_ids = source_batch(tokenizer, [s for s in SENTENCES if s.strip()])
-    limits = np.arange(len(source_ids), dtype="int32") % 4 + source_ids.shape[1]
-    compiled_ids, compiled_scores = translator._search(source_ids, limits)
-    ids, scores = translator._search_batch(keras.ops.convert_to_tensor(source_ids), keras.ops.convert_to_tensor(limits))
-    np.testing.assert_array_equal(compiled_ids, to_numpy(ids))
-    np.testing.assert_allclose(compiled_scores, to_numpy(scores), atol=1e-4)
+    sentences = [s for s in SENTENCES if s.strip()]
+    first = source_batch(tokenizer, sentences)
+    second = source_batch(tokenizer, sentences[::-1])
+    width = max(first.shape[1], second.shape[1])
+    for number, source_ids in enumerate((first, second)):
+        source_ids = np.pad(source_ids, ((0, 0), (0, width - source_ids.shape[1])))
+        limits = (np.arange(len(source_ids), dtype="int32") + number) % 4 + width
+        compiled_ids, compiled_scores = translator._search(source_ids, limits)
+        ids, scores = translator._search_batch(
+            keras.ops.convert_to_tensor(source_ids), keras.ops.convert_to_tensor(limits)
+        )
+        np.testing.assert_array_equal(compiled_ids, to_numpy(ids))
+        np.testing.assert_allclose(compiled_scores, to_numpy(scores), atol=1e-4)
+    if translator._search.loops is not None:
+        assert translator._search.loops.count == 2  # the condition and the body, once
 
 
 def test_a_mixed_precision_model_decodes_through_keras_layer_calls():
@@ -282,6 +294,64 @@ def test_attention_while_decoding_directly_equals_keras_dot_product_attention():
             got = attend()
         np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
         assert np.all(np.isfinite(got))
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() != "torch", reason="TensorFlow and JAX compile the whole search; torch traces its loops"
+)
+def test_traced_loops_replay_with_each_calls_tensors_and_trace_again_for_new_constants():
+    """Under torch, while decoding directly with `_TracedLoops`, a
+    `while_loop` traces its condition and body once and replays them. Each
+    call must bring its own tensors (the loop's and those its functions
+    close over); a Python number in a closure is part of the trace, so a
+    new one traces again; loop variables, and a tensor of the closure, that
+    start as one tensor must still part; a closure holding a NumPy array is
+    not traced."""
+    import torch
+
+    layer = keras.layers.Dense(3)
+    layer.build((None, 3))
+    loops = _TracedLoops(layer)
+    rng = np.random.default_rng(0)
+
+    def run(start, shift, limit):
+        shift = keras.ops.convert_to_tensor(shift)
+        x = keras.ops.convert_to_tensor(start)
+
+        def condition(i, x, y):
+            return keras.ops.less(i, limit)
+
+        def body(i, x, y):  # reads the first x too, the loop's x at the start
+            return i + 1, layer(x) + shift + first, y * 2.0 + x
+
+        first = x
+        return keras.ops.while_loop(condition, body, (keras.ops.convert_to_tensor(0), x, x))
+
+    def check(start, shift, limit):
+        expected = run(start, shift, limit)
+        with torch.no_grad(), _direct_layer_calls(loops=loops):
+            got = run(start, shift, limit)
+        for g, e in zip(got, expected, strict=True):
+            np.testing.assert_allclose(to_numpy(g), to_numpy(e), rtol=1e-6)
+
+    def draw():
+        return rng.normal(size=(2, 3)).astype("float32")
+
+    check(draw(), draw(), 3)
+    assert (loops.count, loops.refused) == (2, 0)
+    check(draw(), draw(), 3)
+    assert loops.count == 2
+    check(draw(), draw(), 4)
+    assert loops.count == 3  # the condition's limit is new; the body is as before
+    with torch.no_grad(), _direct_layer_calls(loops=loops):
+        array = draw()
+        i, x, y = keras.ops.while_loop(
+            lambda i, x, y: keras.ops.less(i, 2),
+            lambda i, x, y: (i + 1, x + array, y),
+            (keras.ops.convert_to_tensor(0), keras.ops.convert_to_tensor(array), keras.ops.convert_to_tensor(array)),
+        )
+    np.testing.assert_allclose(to_numpy(x), 3 * array, rtol=1e-6)
+    assert (loops.count, loops.refused) == (3, 0)  # not tried: Keras's loop runs it
 
 
 def same_outside_and_while_decoding_directly(compute):
@@ -451,8 +521,11 @@ def test_a_second_batch_of_the_same_bucket_is_not_traced_again(model, tokenizer)
     )  # two different batches of one bucket
     translator.translate(first)
     translator.translate(second)
-    # torch has no compiled loop: it runs the search eagerly on every call.
+    # torch has no compiled search: it runs the search on every call, and
+    # traces the loops of a shape once.
     assert translator._search.traces == (2 if keras.backend.backend() == "torch" else 1)
+    if keras.backend.backend() == "torch":
+        assert translator._search.loops.count == 2
 
 
 def test_empty_blank_and_unknown_characters_are_translated_not_fatal(model, tokenizer):

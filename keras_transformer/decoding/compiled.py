@@ -6,13 +6,18 @@ every dimension open, so it is traced once for all shapes. Under JAX it
 becomes a `jax.jit` function of the model's weights and its inputs, so it is
 compiled once per input shape and the weights are not baked in as
 constants. Under torch it runs eagerly, without autograd, and calls the
-model's layers directly (see `_direct_layer_calls`).
+model's layers directly (see `_direct_layer_calls`); the body of each
+`while_loop` in it is traced once per shapes and replayed (see
+`_TracedLoops`).
 """
 
+import collections
 import contextlib
 import functools
 import sys
 import threading
+import types
+import warnings
 
 import keras
 import numpy as np
@@ -31,15 +36,21 @@ class CompiledFunction:
             `Layer.__call__` when no layer of `model` autocasts (see
             `_direct_layer_calls`). The benchmarks turn it off to time
             keras-hub's layers as keras-hub runs them.
+        trace_loops: under torch, with direct layer calls, trace the
+            condition and body of each `while_loop` in `fn` once per shapes
+            and replay the traces (see `_TracedLoops`).
 
     Call it with NumPy arrays; it returns NumPy arrays. `traces` counts how
     often `fn` was traced: once per call under torch, which runs eagerly.
+    `loops` is the `_TracedLoops` of a torch function whose loops are
+    traced, else None.
     """
 
-    def __init__(self, fn, model, input_ranks, jit_compile=False, direct_layer_calls=True):
+    def __init__(self, fn, model, input_ranks, jit_compile=False, direct_layer_calls=True, trace_loops=True):
         self.fn = fn
         self.model = model
         self.traces = 0
+        self.loops = None
         backend = keras.backend.backend()
         if backend == "tensorflow":
             import tensorflow as tf
@@ -62,9 +73,10 @@ class CompiledFunction:
             import torch
 
             direct = direct_layer_calls and _has_one_dtype(model)
+            loops = self.loops = _TracedLoops(model) if direct and trace_loops else None
 
             def eager(*inputs):
-                with torch.no_grad(), _direct_layer_calls(direct):
+                with torch.no_grad(), _direct_layer_calls(direct, loops):
                     return self._traced(*inputs)
 
             self._call = eager
@@ -132,11 +144,21 @@ class CompiledFunction:
 # - A function with a custom gradient (each int8 layer's product is one)
 #   is called as it is: no gradient is taken while decoding, and Keras's
 #   torch `custom_gradient` wraps every call in a `torch.autograd.Function`.
+#
+# Last, the loops. With all of the above, a greedy step of the small model
+# at batch 1 still ran about 190 Keras operations from Python, each a few
+# microseconds of Keras and torch dispatch around a kernel of about as long.
+# While decoding directly, `while_loop` traces its condition and body with
+# `torch.jit.trace` the first time it meets them with given shapes, and
+# replays the traces at every step and in later calls: the same torch
+# operations, without Python between them (`_TracedLoops`).
 
 class _Calling(threading.local):
-    """Per thread: whether a decoding call runs its layers directly."""
+    """Per thread: whether a decoding call runs its layers directly, and
+    the traces of its loops."""
 
     direct = False
+    loops = None
 
 
 _calling = _Calling()
@@ -152,17 +174,18 @@ def _has_one_dtype(model):
 
 
 @contextlib.contextmanager
-def _direct_layer_calls(active=True):
+def _direct_layer_calls(active=True, loops=None):
     """Within this block, on this thread, calling a built layer runs its
     `call` (`quantized_call` if quantized) without `Layer.__call__`. Layers
-    not yet built, or under rematerialization, go the usual way."""
+    not yet built, or under rematerialization, go the usual way. With
+    `loops` (a `_TracedLoops`), `while_loop` replays traced bodies."""
     _install_direct_calls()
-    outer = _calling.direct
-    _calling.direct = active
+    outer = _calling.direct, _calling.loops
+    _calling.direct, _calling.loops = active, loops if active else None
     try:
         yield
     finally:
-        _calling.direct = outer
+        _calling.direct, _calling.loops = outer
 
 
 def _install_direct_calls():
@@ -190,6 +213,7 @@ def _install_direct_calls():
         _install_int8_products()
         _install_torch_input_quantizer()
         _install_plain_custom_gradients()
+        _install_traced_loops()
 
 
 def _holds_keras_tensor(value):
@@ -520,3 +544,192 @@ def _install_plain_custom_gradients():
             return output
 
     _replace_in_modules("keras.src.backend", keras_custom_gradient, custom_gradient)
+
+
+class _TracedLoops:
+    """The traced conditions and bodies of one `CompiledFunction`'s loops.
+
+    `torch.jit.trace` records the torch operations that one call of a
+    function runs. The tensors it is given become the trace's inputs; any
+    other tensor the function reads becomes a constant of the trace. A loop
+    body reads more than its loop variables: the model's weights, and
+    tensors of the functions around it (the encoder's keys and values, each
+    sentence's length limit), which change from call to call. So those are
+    found and given to the trace as inputs too: the tensors in the
+    function's closure, in the functions, lists, tuples and dicts there, in
+    turn, and the model's variables. A trace is kept for everything else
+    those closures hold: the code of each function, Python numbers and
+    strings by value, and other objects (the model, its layers) by identity,
+    taken as they are when first traced, as TensorFlow and JAX take them
+    when they compile a function for the first time. A function that cannot
+    be traced (a loop variable that is not a tensor, an operation the
+    tracer refuses) runs through Keras's loop.
+
+    Args:
+        model: the model whose weights the loops read.
+        size: the most traces kept; the least recently used goes first.
+
+    `count` counts the functions traced; `refused`, those the tracer
+    refused.
+    """
+
+    def __init__(self, model, size=16):
+        self.model = model
+        self.size = size
+        self.count = 0
+        self.refused = 0
+        self._traces = collections.OrderedDict()  # key -> (traced function or None, objects)
+
+    def function(self, function, loop_vars):
+        """`function(*loop_vars)` as a function of the flat loop variables
+        that returns its flat outputs: traced, or an earlier trace; None if
+        it cannot be traced."""
+        import torch
+
+        flat = keras.tree.flatten(loop_vars)
+        if not all(type(x) is torch.Tensor for x in flat):
+            return None
+        key = [_structure(loop_vars)] + [(x.shape, x.dtype, x.device) for x in flat]
+        extra, places, pinned = [], {}, []
+
+        def place(tensor):  # the closure's tensors and the weights, once each
+            if id(tensor) not in places:
+                places[id(tensor)] = len(extra)
+                extra.append(tensor)
+            return places[id(tensor)]
+
+        if not _closure_key(function, place, key, pinned, set()):
+            return None
+        variables = self.model.variables
+        key.append(tuple((id(v), tuple(v.shape), v.dtype) for v in variables))
+        for variable in variables:
+            place(variable.value)
+        key = tuple(key)
+        if key in self._traces:
+            self._traces.move_to_end(key)
+            traced = self._traces[key][0]
+        else:
+            traced = self._trace(function, loop_vars, flat, extra)
+            if traced is None:
+                self.refused += 1
+            else:
+                self.count += 1
+            # The objects are kept with the trace, so that no identity in
+            # its key is reused by another object.
+            self._traces[key] = traced, pinned
+            while len(self._traces) > self.size:
+                self._traces.popitem(last=False)
+        if traced is None:
+            return None
+        return lambda *flat_vars: traced(*flat_vars, *extra)
+
+    @staticmethod
+    def _trace(function, loop_vars, flat, extra):
+        import torch
+
+        def flat_function(*inputs):
+            flat_vars = inputs[: len(flat)]
+            outputs = function(*keras.tree.pack_sequence_as(loop_vars, flat_vars))
+            return tuple(keras.tree.flatten(outputs))
+
+        # Each loop variable enters as a new tensor object (`detach` makes
+        # one without copying), so that the tracer tells it apart from
+        # another loop variable or a tensor of the closure that is the same
+        # object now but may not be at a later step.
+        inputs = tuple(x.detach() for x in flat) + tuple(extra)
+        try:
+            with warnings.catch_warnings():
+                # The tracer warns of every Python number taken from a
+                # shape; shapes are fixed within a trace.
+                warnings.simplefilter("ignore", torch.jit.TracerWarning)
+                # torch 2.13 marks `torch.jit.trace` deprecated in favour of
+                # `torch.compile` (benchmarks/README.md: far slower to
+                # start here) and `torch.export`; where it is gone, the
+                # loops run eagerly.
+                warnings.filterwarnings("ignore", "`torch.jit.trace` is deprecated", DeprecationWarning)
+                return torch.jit.trace(flat_function, inputs, check_trace=False)
+        except Exception:  # noqa: BLE001 - what the tracer refuses runs eagerly
+            return None
+
+
+def _structure(nest):
+    """The shape of a nest of lists, tuples and dicts, without its leaves."""
+    kind = type(nest)
+    if kind in (list, tuple):
+        return kind, tuple(_structure(item) for item in nest)
+    if kind is dict:
+        return dict, tuple((name, _structure(nest[name])) for name in sorted(nest))
+    return None
+
+
+def _closure_key(value, place, key, pinned, seen):
+    """Adds to `key` what the trace of a function takes as fixed in
+    `value`, and `place`s the tensors it must take as inputs. False if
+    `value` holds something neither fixed nor a tensor."""
+    import torch
+
+    kind = type(value)
+    if isinstance(value, torch.Tensor):
+        key.append(("tensor", place(value), value.shape, value.dtype, value.device))
+    elif isinstance(value, keras.Variable):
+        key.append(("variable", place(value.value), tuple(value.shape), value.dtype))
+    elif value is None or kind in (bool, int, float, complex, str, bytes) or isinstance(value, np.generic):
+        key.append((kind, value))
+    elif kind in (list, tuple, dict):
+        items = [value[name] for name in sorted(value)] if kind is dict else value
+        key.append((kind, tuple(sorted(value)) if kind is dict else len(value)))
+        return all(_closure_key(item, place, key, pinned, seen) for item in items)
+    elif kind is types.FunctionType:
+        key.append(("function", value.__code__))
+        if id(value) in seen:  # a function that refers to itself
+            return True
+        seen.add(id(value))
+        pinned.append(value)
+        cells = value.__closure__ or ()
+        parts = [value.__defaults__ or (), value.__kwdefaults__ or {}]
+        for cell in cells:
+            try:
+                parts.append(cell.cell_contents)
+            except ValueError:  # a name not yet bound
+                parts.append(None)
+        return all(_closure_key(part, place, key, pinned, seen) for part in parts)
+    elif kind is types.MethodType:
+        key.append(("method", value.__func__.__code__, id(value.__self__)))
+        pinned.append(value.__self__)
+    elif isinstance(value, np.ndarray):
+        return False  # neither fixed nor a tensor the trace can take in
+    else:  # modules, classes, the model and its layers: by identity
+        key.append(("object", id(value)))
+        pinned.append(value)
+    return True
+
+
+def _install_traced_loops():
+    """Replaces torch's `while_loop` by one that, while decoding directly
+    with traces (`_TracedLoops`), calls the traced condition and body;
+    otherwise, or if either cannot be traced, it is Keras's own."""
+    import torch
+    from keras.src.backend.torch import core
+
+    keras_while_loop = core.while_loop
+
+    def while_loop(cond, body, loop_vars, maximum_iterations=None):
+        loops = _calling.loops
+        if loops is None or not _calling.direct:
+            return keras_while_loop(cond, body, loop_vars, maximum_iterations)
+        is_tuple = isinstance(loop_vars, (tuple, list))
+        loop_vars = tuple(loop_vars) if is_tuple else (loop_vars,)
+        loop_vars = keras.tree.map_structure(core.convert_to_tensor, loop_vars)
+        traced_body = loops.function(body, loop_vars)
+        traced_cond = traced_body and loops.function(cond, loop_vars)
+        if traced_cond is None:
+            return keras_while_loop(cond, body, loop_vars if is_tuple else loop_vars[0], maximum_iterations)
+        flat = keras.tree.flatten(loop_vars)
+        iterations = 0
+        while (maximum_iterations is None or iterations < maximum_iterations) and bool(traced_cond(*flat)[0]):
+            flat = traced_body(*flat)
+            iterations += 1
+        loop_vars = keras.tree.pack_sequence_as(loop_vars, list(flat))
+        return loop_vars if is_tuple else loop_vars[0]
+
+    _replace_in_modules("keras.src.backend", keras_while_loop, while_loop)
