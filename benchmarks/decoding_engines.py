@@ -19,7 +19,10 @@ decoded to exactly `--output-length` tokens, greedily and with beam 4, by:
 - transformers: `MarianMTModel.generate` (greedy, `num_beams=4`), float32
   on torch, whatever the Keras backend;
 - CTranslate2: that Marian model converted by CTranslate2's own converter,
-  `translate_batch` in float32 and in int8.
+  `translate_batch` in float32 and in int8, in a process of its own
+  (`ctranslate2_worker.py`: after CTranslate2 had run in the benchmark's
+  process, torch ran slower there); its turns include sending the batch
+  over a pipe and receiving the lengths.
 
 All weights are random and EOS is banned (`eos_id=-1` for ours, keras-hub
 has no stop token, `min_new_tokens` for transformers, `min_decoding_length`
@@ -38,7 +41,10 @@ the same search and precision.
 import argparse
 import json
 import os
+import pickle
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -215,26 +221,37 @@ def converted_to_ctranslate2(marian, directory, quantization):
     return output, vocabulary.tokens
 
 
-def ctranslate2_contender(model_directory, tokens, compute_type, beam_size, output_length, threads):
-    import ctranslate2
+class CTranslate2Process:
+    """`ctranslate2_worker.py` in a process of its own: CTranslate2 slowed
+    torch in the benchmark's process (see that file)."""
 
-    translator = ctranslate2.Translator(
-        model_directory, device="cpu", compute_type=compute_type,
-        inter_threads=1, intra_threads=threads,
-    )
+    def __init__(self):
+        worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ctranslate2_worker.py")
+        self.process = subprocess.Popen([sys.executable, worker], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def ask(self, *request):
+        pickle.dump(request, self.process.stdin)
+        self.process.stdin.flush()
+        try:
+            status, reply = pickle.load(self.process.stdout)
+        except EOFError:
+            raise RuntimeError(f"the CTranslate2 process ended (exit code {self.process.wait()})") from None
+        if status != "ok":
+            raise RuntimeError(f"CTranslate2 process: {reply}")
+        return reply
+
+    def close(self):
+        self.process.stdin.close()
+        self.process.wait()
+
+
+def ctranslate2_contender(worker, model_directory, tokens, compute_type, beam_size, output_length, threads):
+    key = (model_directory, compute_type)
+    worker.ask("load", key, model_directory, compute_type, threads)
 
     def prepare(source_ids):
         batch = [[tokens[i] for i in row] for row in marian_source(source_ids)]
-
-        def decode():
-            results = translator.translate_batch(
-                batch, beam_size=beam_size, max_batch_size=0,
-                max_decoding_length=output_length, min_decoding_length=output_length,
-                length_penalty=ALPHA, num_hypotheses=1,
-            )
-            return [len(result.hypotheses[0]) for result in results]
-
-        return decode
+        return lambda: worker.ask("decode", key, batch, beam_size, output_length, ALPHA)
 
     return prepare
 
@@ -291,12 +308,13 @@ def contenders(preset, config, args, directory):
                 search, "float32", transformers_contender(marian, beam_size, length)
             )
     if "ctranslate2" in args.peers:
+        worker = args.ctranslate2_process
         for precision in args.precisions:
             model_directory, tokens = converted_to_ctranslate2(marian, directory, precision)
             for search, beam_size in SEARCHES.items():
                 found[named(f"ctranslate2 {precision}", search)] = (
                     search, precision,
-                    ctranslate2_contender(model_directory, tokens, precision, beam_size, length, args.threads),
+                    ctranslate2_contender(worker, model_directory, tokens, precision, beam_size, length, args.threads),
                 )
     return found
 
@@ -388,6 +406,7 @@ def main():
     }
     print(json.dumps(header))
     results = dict(header, runs=[])
+    args.ctranslate2_process = CTranslate2Process() if "ctranslate2" in args.peers else None
     with tempfile.TemporaryDirectory() as directory:
         for preset in args.presets:
             config = dict(kt.models.PRESETS[preset], vocabulary_size=args.vocabulary_size)
@@ -396,6 +415,8 @@ def main():
                 rows = benchmark(found, batch_size, args, config)
                 print_table(preset, batch_size, rows)
                 results["runs"].append({"preset": preset, "batch_size": batch_size, "contenders": rows})
+    if args.ctranslate2_process is not None:
+        args.ctranslate2_process.close()
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
