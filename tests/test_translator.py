@@ -418,6 +418,39 @@ def test_int8_products_while_decoding_directly_equal_keras():
     assert np.abs(to_numpy(got[0])).max() > 127 * 127  # sums beyond int16
 
 
+def test_float_einsum_products_while_decoding_directly_equal_keras():
+    """Under torch, while decoding directly, an einsum of an input and a
+    kernel in matrix-product form is one 2-D matrix product
+    (decoding/compiled.py); on every backend it must give Keras's dtype and
+    values, for a kernel held in a variable too, and leave other equations
+    to Keras."""
+    rng = np.random.default_rng(0)
+
+    def floats(*shape):
+        return keras.ops.convert_to_tensor(rng.normal(size=shape).astype("float32"))
+
+    x2, x3, heads = floats(5, 16), floats(2, 5, 16), floats(5, 4, 8)
+    head_kernel, back_kernel = floats(16, 4, 8), floats(4, 8, 16)
+    variable = keras.Variable(rng.normal(size=(16, 4, 8)).astype("float32"))
+
+    def products():
+        return [
+            keras.ops.einsum("td,dnh->tnh", x2, head_kernel),
+            keras.ops.einsum("btd,dnh->btnh", x3, head_kernel),
+            keras.ops.einsum("tnh,nhd->td", heads, back_kernel),
+            keras.ops.einsum("td,dnh->tnh", x2, variable),
+            keras.ops.einsum("td,dnh->thn", x2, head_kernel),  # not a product form: Keras's
+        ]
+
+    expected = products()
+    with _direct_layer_calls():
+        got = products()
+    for g, e in zip(got, expected, strict=True):
+        assert keras.backend.standardize_dtype(g.dtype) == keras.backend.standardize_dtype(e.dtype)
+        assert tuple(g.shape) == tuple(e.shape)
+        np.testing.assert_allclose(to_numpy(g), to_numpy(e), rtol=1e-5, atol=1e-5)
+
+
 def test_input_quantization_while_decoding_directly_equals_keras():
     """Under torch, while decoding directly, the int8 layers' quantization
     of their inputs runs in torch's own operations (decoding/compiled.py);
