@@ -276,8 +276,9 @@ def decoding_flops(config, batch_size, source_length, output_length, beam_size):
     return 2 * batch_size * (encoder + cross_keys_values + beam_size * steps)
 
 
-def contenders(preset, config, args, directory):
-    """{name: (search, precision, prepare)} for `preset` with `config`."""
+def contenders(preset, config, args, directory, ctranslate2_process):
+    """{name: (search, precision, prepare)} for `preset` with `config`;
+    CTranslate2's contenders decode in `ctranslate2_process`."""
     model = kt.build_transformer(preset, vocabulary_size=args.vocabulary_size)
     hub_decoder = KerasHubDecoder(
         args.vocabulary_size, config["num_layers"], config["d_model"], config["d_ff"], config["num_heads"]
@@ -308,13 +309,14 @@ def contenders(preset, config, args, directory):
                 search, "float32", transformers_contender(marian, beam_size, length)
             )
     if "ctranslate2" in args.peers:
-        worker = args.ctranslate2_process
         for precision in args.precisions:
             model_directory, tokens = converted_to_ctranslate2(marian, directory, precision)
             for search, beam_size in SEARCHES.items():
                 found[named(f"ctranslate2 {precision}", search)] = (
                     search, precision,
-                    ctranslate2_contender(worker, model_directory, tokens, precision, beam_size, length, args.threads),
+                    ctranslate2_contender(
+                        ctranslate2_process, model_directory, tokens, precision, beam_size, length, args.threads
+                    ),
                 )
     return found
 
@@ -406,17 +408,19 @@ def main():
     }
     print(json.dumps(header))
     results = dict(header, runs=[])
-    args.ctranslate2_process = CTranslate2Process() if "ctranslate2" in args.peers else None
-    with tempfile.TemporaryDirectory() as directory:
-        for preset in args.presets:
-            config = dict(kt.models.PRESETS[preset], vocabulary_size=args.vocabulary_size)
-            found = contenders(preset, config, args, os.path.join(directory, preset))
-            for batch_size in args.batch_sizes:
-                rows = benchmark(found, batch_size, args, config)
-                print_table(preset, batch_size, rows)
-                results["runs"].append({"preset": preset, "batch_size": batch_size, "contenders": rows})
-    if args.ctranslate2_process is not None:
-        args.ctranslate2_process.close()
+    ctranslate2_process = CTranslate2Process() if "ctranslate2" in args.peers else None
+    try:
+        with tempfile.TemporaryDirectory() as directory:
+            for preset in args.presets:
+                config = dict(kt.models.PRESETS[preset], vocabulary_size=args.vocabulary_size)
+                found = contenders(preset, config, args, os.path.join(directory, preset), ctranslate2_process)
+                for batch_size in args.batch_sizes:
+                    rows = benchmark(found, batch_size, args, config)
+                    print_table(preset, batch_size, rows)
+                    results["runs"].append({"preset": preset, "batch_size": batch_size, "contenders": rows})
+    finally:
+        if ctranslate2_process is not None:
+            ctranslate2_process.close()
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

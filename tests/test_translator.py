@@ -297,7 +297,9 @@ def test_attention_while_decoding_directly_equals_keras_dot_product_attention():
 
 
 @pytest.mark.skipif(
-    keras.backend.backend() != "torch", reason="TensorFlow and JAX compile the whole search; torch traces its loops"
+    keras.backend.backend() != "torch",
+    reason="loop tracing exists under torch only (torch.jit.trace); TensorFlow and JAX compile the whole "
+    "search, which test_the_compiled_search_equals_the_search_through_keras_layer_calls checks on them",
 )
 def test_traced_loops_replay_with_each_calls_tensors_and_trace_again_for_new_constants():
     """Under torch, while decoding directly with `_TracedLoops`, a

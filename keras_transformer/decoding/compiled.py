@@ -494,18 +494,22 @@ def _install_matrix_products():
         return keras_matmul(x1, x2)
 
     def einsum(subscripts, *operands, **kwargs):
-        if len(operands) == 2 and not kwargs and _calling.direct and type(operands[0]) is torch.Tensor:
-            x = operands[0]
-            if x.dtype == torch.int8:
-                contracted = _matrix_product_form(subscripts)
-                if contracted is not None:
-                    sums = int8_product(x, operands[1], contracted)
-                    if sums is not None:
-                        return sums
-            elif x.is_floating_point():
-                contracted = _matrix_product_form(subscripts)
-                matrices = contracted and as_matrices(x, operands[1], contracted)
-                if matrices:
+        x = operands[0] if operands else None
+        if (
+            len(operands) == 2
+            and not kwargs
+            and _calling.direct
+            and type(x) is torch.Tensor
+            and (x.dtype == torch.int8 or x.is_floating_point())
+        ):
+            contracted = _matrix_product_form(subscripts)
+            if contracted is not None and x.dtype == torch.int8:
+                sums = int8_product(x, operands[1], contracted)
+                if sums is not None:
+                    return sums
+            elif contracted is not None:
+                matrices = as_matrices(x, operands[1], contracted)
+                if matrices is not None:
                     x, kernel, shape = matrices
                     return torch.matmul(x, kernel).reshape(shape)
         return keras_einsum(subscripts, *operands, **kwargs)
