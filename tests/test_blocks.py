@@ -108,7 +108,7 @@ def test_decoder_cache_equals_full_recomputation(rng, normalize_first):
     full = to_numpy(
         block(x, encoder_output, encoder_padding_mask=encoder_padding_mask)
     )
-    empty = np.zeros((B, T, 4, D // 4), "float32")
+    empty = np.zeros((B, 4, T, D // 4), "float32")  # [B, N, T, head_dim]
     self_cache = (empty, empty)
     cross_cache = block.compute_cross_attention_cache(encoder_output)
     for t in range(T):

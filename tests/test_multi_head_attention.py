@@ -158,7 +158,7 @@ def test_self_attention_cache_equals_full_causal_attention(rng):
     layer, _, _, _ = _pair(rng)
     x = rng.normal(size=(B, T, D)).astype("float32")
     full = to_numpy(layer(x, x, use_causal_mask=True))
-    empty = np.zeros((B, T, H, D // H), "float32")
+    empty = np.zeros((B, H, T, D // H), "float32")  # [B, N, T, head_dim]
     cache = (empty, empty)
     for t in range(T):
         step, cache = layer(
@@ -169,9 +169,14 @@ def test_self_attention_cache_equals_full_causal_attention(rng):
             cache_update_index=t,
         )
         np.testing.assert_allclose(to_numpy(step)[:, 0], full[:, t], atol=1e-5)
-    # The cache now holds the keys of every position, as a full pass has them.
+    # The cache now holds the keys of every position, as a full pass has them,
+    # each head's keys together: cache[0][b, n, t] is head n of position t.
     keys, _ = layer.compute_key_value(x)
     np.testing.assert_allclose(to_numpy(cache[0]), to_numpy(keys), atol=1e-6)
+    projected = to_numpy(layer.key_dense(x.reshape(B * T, D))).reshape(B, T, H, D // H)
+    np.testing.assert_allclose(
+        to_numpy(keys), projected.transpose(0, 2, 1, 3), atol=1e-6
+    )
 
 
 def test_cross_attention_cache_equals_recomputation(rng):

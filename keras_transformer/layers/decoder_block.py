@@ -30,10 +30,10 @@ class TransformerDecoderBlock(TransformerBlock):
         decoder_padding_mask: boolean `[B, T]`, False at target padding.
         encoder_padding_mask: boolean `[B, S]`, False at source padding.
         self_attention_cache: a `(key, value)` pair of
-            `[B, T_max, num_heads, head_dim]`.
+            `[B, num_heads, T_max, head_dim]`.
         self_attention_cache_update_index: where `inputs` starts in the cache.
         cross_attention_cache: a `(key, value)` pair of
-            `[B, S, num_heads, head_dim]`.
+            `[B, num_heads, S, head_dim]`.
         return_cross_attention_scores: also return the encoder-decoder
             attention weights, `[B, num_heads, T, S]`.
         training: whether dropout is active.

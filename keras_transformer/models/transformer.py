@@ -421,7 +421,7 @@ class Transformer(keras.Model):
         Returns:
             A list with one dict per decoder block, holding
             `"self_attention"` and `"cross_attention"` `(key, value)` pairs of
-            `[B, max_length or S, num_heads, d_k or d_v]`. Every
+            `[B, num_heads, max_length or S, d_k or d_v]`. Every
             tensor has the batch as its first dimension, so a beam search can
             reorder the cache with one gather per tensor.
         """
@@ -437,7 +437,7 @@ class Transformer(keras.Model):
 
         def empty(head_dim):
             return ops.zeros(
-                (batch_size, max_length, self.num_heads, head_dim),
+                (batch_size, self.num_heads, max_length, head_dim),
                 dtype=self.compute_dtype,
             )
 
