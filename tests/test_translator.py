@@ -171,7 +171,13 @@ def test_the_compiled_search_equals_the_search_through_keras_layer_calls(model, 
             keras.ops.convert_to_tensor(source_ids), keras.ops.convert_to_tensor(limits)
         )
         np.testing.assert_array_equal(compiled_ids, to_numpy(ids))
-        np.testing.assert_allclose(compiled_scores, to_numpy(scores), atol=1e-4)
+        # int8 layers quantize their inputs at every call, so a rounding
+        # difference between XLA's fused arithmetic and the eager one can
+        # move an activation by one int8 step: a score then differs by about
+        # 1e-4 of its size (seen under JAX, once the attention over the cache
+        # was written out: -23.3806 against -23.3763).
+        tolerance = {"atol": 1e-4} if quantize is None else {"rtol": 1e-3}
+        np.testing.assert_allclose(compiled_scores, to_numpy(scores), **tolerance)
     if translator._search.loops is not None:
         assert translator._search.loops.count == 2  # the condition and the body, once
 

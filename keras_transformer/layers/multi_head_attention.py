@@ -328,6 +328,11 @@ class MultiHeadAttention(keras.layers.Layer):
         `query` is `[B, T, N, H]`; `key` and `value` are `[B, S, N, H]`, or
         `[B, N, S, H]` when `heads_major` (a cache).
         """
+        if heads_major:
+            # Decoding reads the scores in float32, as the fused attention
+            # does: in bfloat16, the scores of a step tie often enough that
+            # the order of rounding would choose between beams.
+            query, key = ops.cast(query, "float32"), ops.cast(key, "float32")
         query = ops.multiply(
             query, ops.cast(self._inverse_sqrt_key_dim, query.dtype)
         )
