@@ -68,8 +68,10 @@ class MultiHeadAttention(keras.layers.Layer):
       O(r n d) per layer would need the scores of the band alone.
 
     The fused `keras.ops.dot_product_attention` computes the attention unless
-    the weights are requested, attention dropout is active, or d_k != d_v,
-    where the softmax is written out.
+    the weights are requested, attention dropout is active, d_k != d_v, or
+    the keys come from a cache, where the softmax is written out. (The fused
+    operation takes `[B, S, N, H]` keys only; TensorFlow without XLA would
+    copy a cache into that layout and back.)
 
     Args:
         num_heads: h, the number of attention heads.
@@ -329,9 +331,9 @@ class MultiHeadAttention(keras.layers.Layer):
         `[B, N, S, H]` when `heads_major` (a cache).
         """
         if heads_major:
-            # Decoding reads the scores in float32, as the fused attention
-            # does: in bfloat16, the scores of a step tie often enough that
-            # the order of rounding would choose between beams.
+            # Decoding computes the scores in float32, as JAX's fused
+            # attention does: in bfloat16 they tie often enough that the
+            # order of rounding chose between beams.
             query, key = ops.cast(query, "float32"), ops.cast(key, "float32")
         query = ops.multiply(
             query, ops.cast(self._inverse_sqrt_key_dim, query.dtype)
