@@ -123,8 +123,10 @@ class CompiledFunction:
 # torch's dispatch, not arithmetic). While decoding directly:
 # - `dot_product_attention` hands the heads-second views of the queries,
 #   keys and values to torch's `scaled_dot_product_attention` as they are.
-#   Keras's copies each into a contiguous tensor first: at every step, the
-#   whole self-attention cache of every layer.
+#   Keras's copies each into a contiguous tensor first. (This was every
+#   layer's whole self-attention cache at every step; since the cache is
+#   heads-major, attention over it is written out in `MultiHeadAttention`
+#   and copies nothing, and this serves the encoder's attention.)
 # - `convert_to_tensor` returns a torch tensor as it is (cast if a dtype is
 #   asked for). Keras's also checks it against Keras's device, and calls
 #   `.to` even when the dtype is already right; inside a decoding call
@@ -486,6 +488,14 @@ def _install_matrix_products():
             return None
         return sums.reshape(shape)
 
+    def float_product(x, kernel, contracted):
+        """float x `[..., K...]` times kernel `[K..., N...]`, or None."""
+        matrices = as_matrices(x, kernel, contracted)
+        if matrices is None:
+            return None
+        x, kernel, shape = matrices
+        return torch.matmul(x, kernel).reshape(shape)
+
     def matmul(x1, x2):
         if int8_input(x1) and getattr(x2, "ndim", None) == 2:
             sums = int8_product(x1, x2, 1)
@@ -495,23 +505,17 @@ def _install_matrix_products():
 
     def einsum(subscripts, *operands, **kwargs):
         x = operands[0] if operands else None
-        if (
-            len(operands) == 2
-            and not kwargs
-            and _calling.direct
-            and type(x) is torch.Tensor
-            and (x.dtype == torch.int8 or x.is_floating_point())
-        ):
+        if len(operands) == 2 and not kwargs and _calling.direct and type(x) is torch.Tensor:
             contracted = _matrix_product_form(subscripts)
-            if contracted is not None and x.dtype == torch.int8:
-                sums = int8_product(x, operands[1], contracted)
-                if sums is not None:
-                    return sums
-            elif contracted is not None:
-                matrices = as_matrices(x, operands[1], contracted)
-                if matrices is not None:
-                    x, kernel, shape = matrices
-                    return torch.matmul(x, kernel).reshape(shape)
+            if contracted is not None:
+                if x.dtype == torch.int8:
+                    product = int8_product(x, operands[1], contracted)
+                elif x.is_floating_point():
+                    product = float_product(x, operands[1], contracted)
+                else:
+                    product = None
+                if product is not None:
+                    return product
         return keras_einsum(subscripts, *operands, **kwargs)
 
     _replace_in_modules("keras.src.backend", keras_matmul, matmul)
@@ -734,7 +738,6 @@ def _install_traced_loops():
     """Replaces torch's `while_loop` by one that, while decoding directly
     with traces (`_TracedLoops`), calls the traced condition and body;
     otherwise, or if either cannot be traced, it is Keras's own."""
-    import torch
     from keras.src.backend.torch import core
 
     keras_while_loop = core.while_loop
