@@ -122,6 +122,53 @@ def test_decoder_cache_equals_full_recomputation(rng, normalize_first):
         np.testing.assert_allclose(to_numpy(step)[:, 0], full[:, t], atol=1e-5)
 
 
+def test_beams_sharing_one_cross_attention_cache_equal_full_recomputation(rng):
+    """K beams per sentence read one copy of the source's keys and values."""
+    K = 3
+    block = _block(TransformerDecoderBlock, False)
+    x = rng.normal(size=(B * K, T, D)).astype("float32")  # row b * K + k
+    encoder_output = rng.normal(size=(B, S, D)).astype("float32")
+    encoder_padding_mask = np.ones((B, S), bool)
+    encoder_padding_mask[1, 2:] = False
+    full, full_scores = (
+        to_numpy(y)
+        for y in block(
+            x,
+            np.repeat(encoder_output, K, axis=0),
+            encoder_padding_mask=np.repeat(encoder_padding_mask, K, axis=0),
+            return_cross_attention_scores=True,
+        )
+    )
+    empty = np.zeros((B * K, 4, T, D // 4), "float32")
+    self_cache = (empty, empty)
+    shared = block.compute_cross_attention_cache(encoder_output)  # [B, ...]
+    for t in range(T):
+        step, scores, self_cache = block(
+            x[:, t : t + 1],
+            encoder_padding_mask=encoder_padding_mask,
+            self_attention_cache=self_cache,
+            self_attention_cache_update_index=t,
+            cross_attention_cache=shared,
+            return_cross_attention_scores=True,
+        )
+        np.testing.assert_allclose(to_numpy(step)[:, 0], full[:, t], atol=1e-5)
+        np.testing.assert_allclose(
+            to_numpy(scores)[:, :, 0], full_scores[:, :, t], atol=1e-6
+        )
+    # The second sentence's beams attend to its 2 real source tokens only.
+    assert np.abs(full_scores[K:, :, :, 2:]).max() == 0.0
+    with pytest.raises(ValueError, match="batch 4 and a cross-attention cache of batch 3"):
+        block(
+            x[:4, :1],
+            encoder_padding_mask=np.ones((3, S), bool),
+            self_attention_cache=(empty[:4], empty[:4]),
+            self_attention_cache_update_index=0,
+            cross_attention_cache=block.compute_cross_attention_cache(
+                np.concatenate([encoder_output, encoder_output[:1]])
+            ),
+        )
+
+
 def test_post_ln_output_is_normalized_and_pre_ln_is_not(rng):
     """Post-LN ends on LayerNorm(x + Sublayer(x)); pre-LN on a residual sum."""
     x = 3.0 + 5.0 * rng.normal(size=(B, S, D)).astype("float32")

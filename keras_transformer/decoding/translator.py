@@ -25,7 +25,7 @@ CONFIG_FILE = "translator.json"
 MODEL_FILE = "model.keras"
 
 
-def cached_step_function(model, source_ids, max_length, beam_size=1):
+def cached_step_function(model, source_ids, max_length):
     """The model's step function for `beam_search` and `greedy_search`.
 
     The encoder runs once, here. Cross-attention keys and values are
@@ -38,7 +38,6 @@ def cached_step_function(model, source_ids, max_length, beam_size=1):
         model: a `Transformer`.
         source_ids: int `[B, S]`, each sentence followed by EOS, then 0s.
         max_length: the most target positions decoded.
-        beam_size: the beams per sentence the step function will serve.
 
     Returns:
         `(step_fn, initial_state)`. `step_fn(ids, index, state)` feeds
@@ -47,15 +46,9 @@ def cached_step_function(model, source_ids, max_length, beam_size=1):
     """
     encoder_output, encoder_padding_mask = model.encode(source_ids)
     cache = model.initial_cache(encoder_output, max_length)
-
-    def for_each_beam(x):  # [B, ...] -> [B * beam_size, ...]
-        return ops.repeat(x, beam_size, axis=0) if beam_size > 1 else x
-
-    cross_attention_cache = [
-        keras.tree.map_structure(for_each_beam, block["cross_attention"])
-        for block in cache
-    ]
-    encoder_padding_mask = for_each_beam(encoder_padding_mask)
+    # One copy per sentence: the decoder blocks attend to it with the
+    # queries of the sentence's beams side by side.
+    cross_attention_cache = [block["cross_attention"] for block in cache]
 
     def step_fn(ids, index, self_attention_cache):
         target_ids = ops.slice(ids, [0, index], [ops.shape(ids)[0], 1])
@@ -106,9 +99,7 @@ def search_translations(
             max_length = min(max_length, model.max_length)
         else:
             max_length = ops.minimum(max_length, model.max_length)
-    step_fn, initial_state = cached_step_function(
-        model, source_ids, max_length, beam_size
-    )
+    step_fn, initial_state = cached_step_function(model, source_ids, max_length)
     initial_ids = ops.full((ops.shape(source_ids)[0],), bos_id, dtype="int32")
     if beam_size == 1:
         ids, scores = greedy_search(

@@ -1,6 +1,7 @@
 """One layer of the decoder stack, section 3.1."""
 
 import keras
+from keras import ops
 
 from keras_transformer.layers.transformer_block import TransformerBlock
 from keras_transformer.layers.utils import sublayer_connection
@@ -23,6 +24,13 @@ class TransformerDecoderBlock(TransformerBlock):
     `compute_cross_attention_cache`. The block then returns its output and
     the updated self-attention cache.
 
+    In a beam search the K beams of a sentence share its source, so the
+    cross-attention cache may hold one copy per sentence: with `inputs` of
+    `[B * K, T, d_model]` (row `b * K + k` is beam k of sentence b) and a
+    cache of `[B, ...]`, the block attends to the source with the K beams'
+    queries side by side, `[B, K * T, d_model]`. The encoder's keys and
+    values are then read once per sentence instead of once per beam.
+
     Call arguments:
         inputs: `[B, T, d_model]`, the shifted target embeddings.
         encoder_output: `[B, S, d_model]`. May be None when
@@ -33,7 +41,9 @@ class TransformerDecoderBlock(TransformerBlock):
             `[B, num_heads, T_max, head_dim]`.
         self_attention_cache_update_index: where `inputs` starts in the cache.
         cross_attention_cache: a `(key, value)` pair of
-            `[B, num_heads, S, head_dim]`.
+            `[B, num_heads, S, head_dim]`, or of `[B / K, ...]` shared by
+            the K beams of each sentence.
+        encoder_padding_mask: then `[B / K, S]`, with the cache.
         return_cross_attention_scores: also return the encoder-decoder
             attention weights, `[B, num_heads, T, S]`.
         training: whether dropout is active.
@@ -110,8 +120,11 @@ class TransformerDecoderBlock(TransformerBlock):
 
         def encoder_decoder_attention(x):
             nonlocal cross_attention_scores
+            queries = x
+            if cross_attention_cache is not None:
+                queries = self._group_beams(x, cross_attention_cache[0])
             outputs = self.cross_attention(
-                x,
+                queries,
                 encoder_output,
                 value_mask=encoder_padding_mask,
                 return_attention_scores=return_cross_attention_scores,
@@ -119,10 +132,14 @@ class TransformerDecoderBlock(TransformerBlock):
                 training=training,
             )
             if not isinstance(outputs, tuple):
-                return outputs
+                outputs = (outputs,)
             if return_cross_attention_scores:
                 cross_attention_scores = outputs[1]
-            return outputs[0]
+                if cross_attention_cache is not None:
+                    cross_attention_scores = self._ungroup_scores(
+                        cross_attention_scores, x
+                    )
+            return ops.reshape(outputs[0], ops.shape(x))
 
         x = inputs
         for sublayer, norm, dropout in (
@@ -147,6 +164,27 @@ class TransformerDecoderBlock(TransformerBlock):
         if self_attention_cache is not None:
             outputs += (updated_cache,)
         return outputs[0] if len(outputs) == 1 else outputs
+
+    @staticmethod
+    def _group_beams(x, cached_key):
+        """`[B * K, T, d]` queries as `[B, K * T, d]`, for a cache of `[B, ...]`."""
+        queries, sentences = x.shape[0], cached_key.shape[0]
+        if isinstance(queries, int) and isinstance(sentences, int) and queries % sentences:
+            raise ValueError(
+                "The decoder's batch must be the cross-attention cache's batch "
+                "times the beams per sentence. Received: inputs of batch "
+                f"{queries} and a cross-attention cache of batch {sentences}"
+            )
+        return ops.reshape(x, (ops.shape(cached_key)[0], -1, ops.shape(x)[-1]))
+
+    @staticmethod
+    def _ungroup_scores(scores, x):
+        """`[B, N, K * T, S]` weights of grouped queries as `[B * K, N, T, S]`."""
+        batch, heads, _, source_length = ops.shape(scores)
+        length = ops.shape(x)[1]
+        scores = ops.reshape(scores, (batch, heads, -1, length, source_length))
+        scores = ops.transpose(scores, (0, 2, 1, 3, 4))
+        return ops.reshape(scores, (-1, heads, length, source_length))
 
     def compute_output_shape(self, inputs_shape, encoder_output_shape=None):
         return inputs_shape

@@ -466,6 +466,12 @@ class Transformer(keras.Model):
                 scalar tensor).
             encoder_padding_mask: boolean `[B, S]` from `encode`.
 
+        A beam search may decode K beams per sentence, `target_ids` of
+        `[B * K, t]` (row `b * K + k` is beam k of sentence b), with
+        self-attention buffers of `[B * K, ...]` and the `[B, ...]`
+        cross-attention keys and values and padding mask of `encode` and
+        `initial_cache`, which the beams share.
+
         Returns:
             `(logits [B, t, vocabulary_size], cache)`.
         """

@@ -138,7 +138,7 @@ class Parser:
 
     def _search_batch(self, source_ids, word_counts, limits):
         max_length = ops.shape(source_ids)[1] + self.max_extra_length + 3
-        step_fn, initial_state = cached_step_function(self.model, source_ids, max_length, self.beam_size)
+        step_fn, initial_state = cached_step_function(self.model, source_ids, max_length)
         per_row = ops.repeat(word_counts, self.beam_size, axis=0)
         copied = self.vocabulary.target_words == "copied"
         step_fn = well_formed_steps(
