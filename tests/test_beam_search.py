@@ -12,6 +12,7 @@ from keras import ops
 from keras_transformer.decoding import beam_search
 from keras_transformer.decoding import greedy_search
 from keras_transformer.decoding.beam_search import length_penalty
+from keras_transformer.decoding.beam_search import top_k
 
 BOS, EOS = 1, 2
 A, B, C, D = 3, 4, 5, 6
@@ -226,6 +227,37 @@ def test_the_state_is_reordered_with_the_beams():
     got = beam_search(from_state, initial, initial, beam_size=3, max_length=7, eos_id=EOS)
     np.testing.assert_array_equal(to_numpy(got[0]), to_numpy(expected[0]))
     np.testing.assert_allclose(to_numpy(got[1]), to_numpy(expected[1]), rtol=1e-6)
+
+
+@pytest.mark.parametrize("n", [5000, 5120])
+def test_top_k_by_chunks_equals_a_full_top_k(rng, n):
+    """Best first, and among equal scores the lower index first (where the
+    backend's top-k promises it), whichever chunks the ties fall in (n =
+    5000 also pads its last chunk)."""
+    k = 8
+    scores = rng.normal(size=(4, n)).astype("float32")
+    scores[0, [7, 300, 1000, 4999]] = 9.0  # a tie across chunks
+    scores[1, 200:400] = 9.0  # more ties than k, in two chunks
+    scores[2, :] = np.round(scores[2, :], 1)  # ties everywhere
+    scores[3, [5, 260, 1300, 1301]] = [8.0, 8.0, 9.5, 8.0]  # the best chunk ties late
+    values, indices = (to_numpy(x) for x in top_k(ops.convert_to_tensor(scores), k))
+    expected = np.stack([np.lexsort((np.arange(n), -row))[:k] for row in scores])
+    np.testing.assert_array_equal(values, np.take_along_axis(scores, expected, axis=1))
+    np.testing.assert_array_equal(np.take_along_axis(scores, indices, axis=1), values)
+    assert all(len(set(row)) == k for row in indices)
+    if keras.backend.backend() != "torch":  # torch.topk orders ties as it likes
+        np.testing.assert_array_equal(indices, expected)
+
+
+def test_beam_search_over_a_large_vocabulary_finds_the_known_best():
+    """With 600 tokens the search takes the top-k of 2,400 candidates by
+    chunks; tokens beyond the first 7 are all but impossible."""
+    wide = np.full((600, 600), -30.0, "float32")
+    wide[:V, :V] = LENGTH_PENALTY_TABLE
+    wide[V:, EOS] = 0.0
+    for alpha in (0.0, 0.6):
+        ids, _ = search(wide, beam_size=4, alpha=alpha, max_length=6)
+        assert decoded(ids[0, 0]) == enumerate_best(LENGTH_PENALTY_TABLE, 6, alpha)[0]
 
 
 def test_bad_arguments_are_rejected():

@@ -43,6 +43,42 @@ def check_alpha(alpha):
         )
 
 
+def top_k(scores, k, chunk_size=128):
+    """`ops.top_k(scores, k)` of float `[B, n]` scores, for k far below n.
+
+    The k best scores of a row lie in the k chunks of `chunk_size`
+    consecutive scores whose maxima are best: a chunk left out has a
+    maximum no better than each of k chunks taken, and each of those holds
+    a score at least that good (with ties, a lower index). So one maximum
+    per chunk, a top-k over the maxima, and a top-k over the chosen chunks'
+    scores find them. XLA's top-k looks at every one of the `B * n` scores
+    (a beam search's `beam_size * vocabulary_size` candidates per sentence)
+    far more slowly than it takes their maxima: 1.0 ms against 0.15 ms for
+    the top 8 of 32 x 32,000 under JAX. Among equal scores the lower index
+    comes first where `ops.top_k` puts it first (TensorFlow and JAX; torch's
+    top-k orders ties as it likes).
+
+    Returns:
+        `(values [B, k], indices [B, k])`, best first.
+    """
+    n = scores.shape[-1]
+    if not isinstance(n, int) or n <= 2 * k * chunk_size:
+        return ops.top_k(scores, k)
+    batch_size = ops.shape(scores)[0]
+    padding = -n % chunk_size
+    if padding:
+        scores = ops.pad(scores, ((0, 0), (0, padding)), constant_values=-math.inf)
+    chunks = ops.reshape(scores, (batch_size, -1, chunk_size))  # [B, n / C, C]
+    _, best_chunks = ops.top_k(ops.max(chunks, axis=-1), k)
+    best_chunks = ops.sort(best_chunks, axis=-1)  # in index order, for ties
+    candidates = ops.take_along_axis(chunks, best_chunks[:, :, None], axis=1)
+    values, positions = ops.top_k(
+        ops.reshape(candidates, (batch_size, k * chunk_size)), k
+    )
+    chunk = ops.take_along_axis(best_chunks, positions // chunk_size, axis=1)
+    return values, chunk * chunk_size + positions % chunk_size
+
+
 def beam_search(
     step_fn,
     initial_ids,
@@ -183,7 +219,7 @@ def beam_search(
             search["alive_log_probs"][:, :, None] + log_probs,
             (batch_size, beam_size * vocabulary_size),
         )
-        top_log_probs, top_indices = ops.top_k(candidate_log_probs, 2 * beam_size)
+        top_log_probs, top_indices = top_k(candidate_log_probs, 2 * beam_size)
         top_beams = top_indices // vocabulary_size  # [B, 2K]
         top_tokens = ops.cast(top_indices % vocabulary_size, "int32")
         top_ids = ops.where(
