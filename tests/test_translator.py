@@ -302,6 +302,41 @@ def test_attention_while_decoding_directly_equals_keras_dot_product_attention():
         assert np.all(np.isfinite(got))
 
 
+def test_attention_over_a_cache_while_decoding_directly_equals_the_written_out_softmax(monkeypatch):
+    """Under torch, while decoding directly, attention over a heads-major
+    cache is torch's fused attention; elsewhere it stays written out. Either
+    way it equals the softmax of `MultiHeadAttention`, a query that may
+    attend to no key included."""
+    layer = kt.layers.MultiHeadAttention(num_heads=2, key_dim=4)
+    layer.build((2, 3, 8), (2, 5, 8))
+    rng = np.random.default_rng(0)
+    query = keras.ops.convert_to_tensor(rng.normal(size=(2, 3, 2, 4)).astype("float32"))
+    key, value = (
+        keras.ops.convert_to_tensor(rng.normal(size=(2, 2, 5, 4)).astype("float32"))
+        for _ in range(2)
+    )  # [B, N, S, H]
+    mask = rng.random((2, 3, 5)) < 0.6
+    mask[0, 1] = False
+    fused_calls = []
+    if keras.backend.backend() == "torch":
+        import torch
+
+        fused = torch.nn.functional.scaled_dot_product_attention
+
+        def counted(*args, **kwargs):
+            fused_calls.append(1)
+            return fused(*args, **kwargs)
+
+        monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counted)
+    for case_mask in (None, keras.ops.convert_to_tensor(mask)):
+        expected = to_numpy(layer._attend_to_cache(query, key, value, case_mask))
+        with _direct_layer_calls():
+            got = to_numpy(layer._attend_to_cache(query, key, value, case_mask))
+        attends = np.ones((2, 3), bool) if case_mask is None else mask.any(-1)
+        np.testing.assert_allclose(got[attends], expected[attends], rtol=1e-5, atol=1e-6)
+    assert len(fused_calls) == (2 if keras.backend.backend() == "torch" else 0)
+
+
 @pytest.mark.skipif(
     keras.backend.backend() != "torch",
     reason="loop tracing exists under torch only (torch.jit.trace); TensorFlow and JAX compile the whole "

@@ -125,8 +125,11 @@ class CompiledFunction:
 #   keys and values to torch's `scaled_dot_product_attention` as they are.
 #   Keras's copies each into a contiguous tensor first. (This was every
 #   layer's whole self-attention cache at every step; since the cache is
-#   heads-major, attention over it is written out in `MultiHeadAttention`
-#   and copies nothing, and this serves the encoder's attention.)
+#   heads-major, this serves the encoder's attention.)
+# - Attention over a heads-major cache, which `MultiHeadAttention` writes
+#   out for every backend, is torch's `scaled_dot_product_attention`, which
+#   takes queries, keys and values with the heads second, as the cache
+#   holds them.
 # - `convert_to_tensor` returns a torch tensor as it is (cast if a dtype is
 #   asked for). Keras's also checks it against Keras's device, and calls
 #   `.to` even when the dtype is already right; inside a decoding call
@@ -214,6 +217,7 @@ def _install_direct_calls():
     if keras.backend.backend() == "torch":
         _install_block_slice_updates()
         _install_attention_on_views()
+        _install_fused_cache_attention()
         _install_tensor_passthrough()
         _install_dtype_memos()
         _install_matrix_products()
@@ -353,6 +357,39 @@ def _install_attention_on_views():
         )
 
     _replace_in_modules("keras.src.backend", keras_attention, dot_product_attention)
+
+
+def _install_fused_cache_attention():
+    """Replaces `MultiHeadAttention._attend_to_cache` by one that, while
+    decoding directly, hands float32 queries and a float32 `[B, N, S, H]`
+    cache to torch's `scaled_dot_product_attention`; otherwise it is the
+    written-out softmax of `MultiHeadAttention`."""
+    import torch
+
+    from keras_transformer.layers.multi_head_attention import MultiHeadAttention
+
+    written_out = MultiHeadAttention._attend_to_cache
+
+    def attend_to_cache(self, query, key, value, mask):
+        if (
+            _calling.direct
+            and all(type(tensor) is torch.Tensor for tensor in (query, key, value))
+            and query.dtype == key.dtype == value.dtype == torch.float32
+            and (mask is None or (type(mask) is torch.Tensor and mask.dtype == torch.bool))
+        ):
+            if mask is not None:  # [B or 1, T, S] -> additive [B or 1, 1, T, S]
+                mask = torch.where(mask[:, None], 0.0, -1e9)
+            attended = torch.nn.functional.scaled_dot_product_attention(
+                query.transpose(1, 2),  # [B, N, T, H]
+                key,
+                value,
+                attn_mask=mask,
+                scale=self._inverse_sqrt_key_dim,
+            )
+            return attended.transpose(1, 2)  # [B, T, N, H]
+        return written_out(self, query, key, value, mask)
+
+    MultiHeadAttention._attend_to_cache = attend_to_cache
 
 
 def _replace_in_modules(prefix, original, replacement):

@@ -71,7 +71,9 @@ class MultiHeadAttention(keras.layers.Layer):
     the weights are requested, attention dropout is active, d_k != d_v, or
     the keys come from a cache, where the softmax is written out. (The fused
     operation takes `[B, S, N, H]` keys only; TensorFlow without XLA would
-    copy a cache into that layout and back.)
+    copy a cache into that layout and back. Torch's own fused attention
+    takes the cache's layout, and decoding calls use it: see
+    `_attend_to_cache`.)
 
     Args:
         num_heads: h, the number of attention heads.
@@ -297,10 +299,13 @@ class MultiHeadAttention(keras.layers.Layer):
         attention_dropout_active = bool(training) and self.dropout > 0
         # JAX's fused attention takes values of the keys' head size only.
         fused = self._key_dim == self._value_dim
-        if return_attention_scores or attention_dropout_active or not fused or heads_major:
+        scores = None
+        if return_attention_scores or attention_dropout_active or not fused:
             attended, scores = self._softmax_attention(
                 query_heads, key_heads, value_heads, mask, training, heads_major
             )
+        elif heads_major:
+            attended = self._attend_to_cache(query_heads, key_heads, value_heads, mask)
         else:
             attended = ops.dot_product_attention(
                 query_heads,
@@ -309,7 +314,6 @@ class MultiHeadAttention(keras.layers.Layer):
                 mask=None if mask is None else mask[:, None],  # [B, 1, T, S]
                 scale=self._inverse_sqrt_key_dim,
             )
-            scores = None
         if mask is not None:
             # A query that may attend to no key (a padded query) attends to
             # nothing, instead of to every key uniformly.
@@ -323,6 +327,13 @@ class MultiHeadAttention(keras.layers.Layer):
         if cache is not None:
             outputs += (cache,)
         return outputs[0] if len(outputs) == 1 else outputs
+
+    def _attend_to_cache(self, query, key, value, mask):
+        """Attention of `[B, T, N, H]` queries over a `[B, N, S, H]` cache,
+        at inference. Written out here; under torch, a decoding call of
+        `decoding/compiled.py` hands it to torch's fused attention, which
+        takes this layout as it is."""
+        return self._softmax_attention(query, key, value, mask, False, heads_major=True)[0]
 
     def _softmax_attention(self, query, key, value, mask, training, heads_major=False):
         """softmax(Q K^T / sqrt(d_k)) V, written out to expose the weights.
