@@ -28,11 +28,12 @@ MODEL_FILE = "model.keras"
 def cached_step_function(model, source_ids, max_length):
     """The model's step function for `beam_search` and `greedy_search`.
 
-    The encoder runs once, here. Cross-attention keys and values are
-    computed once per sentence and shared by its beams; the self-attention
-    keys and values grow by one position per step in buffers of
-    `max_length` positions. Only those buffers are the search state, which
-    the search reorders as it chooses beams.
+    The encoder runs once, here, and so do the target position encodings.
+    Cross-attention keys and values are computed once per sentence and
+    shared by its beams; the self-attention keys and values grow by one
+    position per step in buffers of `max_length` positions. Only those
+    buffers are the search state, which the search reorders as it chooses
+    beams.
 
     Args:
         model: a `Transformer`.
@@ -49,6 +50,7 @@ def cached_step_function(model, source_ids, max_length):
     # One copy per sentence: the decoder blocks attend to it with the
     # queries of the sentence's beams side by side.
     cross_attention_cache = [block["cross_attention"] for block in cache]
+    position_table = model.target_position_table(max_length)
 
     def step_fn(ids, index, self_attention_cache):
         target_ids = ops.slice(ids, [0, index], [ops.shape(ids)[0], 1])
@@ -60,6 +62,7 @@ def cached_step_function(model, source_ids, max_length):
             ],
             index,
             encoder_padding_mask,
+            position_table,
         )
         return logits[:, 0], [block["self_attention"] for block in updated]
 

@@ -372,10 +372,20 @@ class Transformer(keras.Model):
         x = self.source_embedding(source_ids)
         return x + self.source_position_encoding(x)
 
-    def _embed_target(self, target_ids, start_index=0):
-        """E[ids] * sqrt(d_model) + PE, from position `start_index` on."""
+    def _embed_target(self, target_ids, start_index=0, position_table=None):
+        """E[ids] * sqrt(d_model) + PE, from position `start_index` on; PE
+        read from `position_table` when given."""
         x = self.target_embedding(target_ids)
-        return x + self.target_position_encoding(x, start_index=start_index)
+        if position_table is None:
+            return x + self.target_position_encoding(x, start_index=start_index)
+        length = ops.shape(target_ids)[1]
+        return x + ops.slice(position_table, [start_index, 0], [length, self.d_model])[None]
+
+    def target_position_table(self, max_length):
+        """The target position encodings of positions `0 .. max_length - 1`,
+        `[max_length, d_model]`, for `decode_step(..., position_table=...)`."""
+        positions = ops.zeros((1, max_length, self.d_model), dtype=self.compute_dtype)
+        return self.target_position_encoding(positions)[0]
 
     def _encode(self, source_ids, training=None):
         encoder_padding_mask = ops.not_equal(source_ids, PADDING_ID)
@@ -451,7 +461,7 @@ class Transformer(keras.Model):
             for block in self.decoder_blocks
         ]
 
-    def decode_step(self, target_ids, cache, index, encoder_padding_mask):
+    def decode_step(self, target_ids, cache, index, encoder_padding_mask, position_table=None):
         """Logits for target positions `index, index + 1, ...`, from the cache.
 
         The prefix is not recomputed: the self-attention of each block reads
@@ -465,6 +475,13 @@ class Transformer(keras.Model):
             index: the position of the first of `target_ids` (an int or a
                 scalar tensor).
             encoder_padding_mask: boolean `[B, S]` from `encode`.
+            position_table: optional, `target_position_table(max_length)`,
+                computed once for a whole search. The step then reads its
+                position encodings instead of computing sines and cosines.
+                (XLA on TensorFlow fused that computation into each of the
+                first block's projections of a single row, recomputing it
+                for every output: greedy search at batch 1 ran slower than
+                beam search.)
 
         A beam search may decode K beams per sentence, `target_ids` of
         `[B * K, t]` (row `b * K + k` is beam k of sentence b), with
@@ -475,7 +492,7 @@ class Transformer(keras.Model):
         Returns:
             `(logits [B, t, vocabulary_size], cache)`.
         """
-        x = self._embed_target(target_ids, start_index=index)
+        x = self._embed_target(target_ids, start_index=index, position_table=position_table)
         updated_cache = []
         for block, block_cache in zip(self.decoder_blocks, cache):
             x, self_attention_cache = block(
