@@ -287,6 +287,27 @@ def _install_block_slice_updates():
     _replace_in_modules("keras.src.backend", keras_update, slice_update)
 
 
+_large_negatives = {}
+
+
+def _fused_attention(query, key, value, mask, scale):
+    """torch's `scaled_dot_product_attention` of `[B, N, T, H]` queries and
+    `[B, N, S, H]` keys and values, with a boolean mask (True: attend) made
+    additive with Keras's stand-in for -inf in `query`'s dtype, made once
+    per dtype and device."""
+    import torch
+    from keras.src.backend.torch import nn as torch_nn
+
+    if mask is not None:
+        negative_key = (query.dtype, query.device)
+        if negative_key not in _large_negatives:
+            _large_negatives[negative_key] = torch_nn._get_large_negative(query.dtype).to(query.device)
+        mask = torch.where(mask, 0.0, _large_negatives[negative_key])
+    return torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, scale=scale
+    )
+
+
 def _install_attention_on_views():
     """Replaces torch's `dot_product_attention` by one that, while decoding
     directly, gives torch's `scaled_dot_product_attention` the transposed
@@ -297,16 +318,6 @@ def _install_attention_on_views():
     from keras.src.backend.torch import nn as torch_nn
 
     keras_attention = torch_nn.dot_product_attention
-    large_negatives = {}
-
-    def large_negative(like):
-        # Keras's stand-in for -inf in masked scores, as a tensor of `like`'s
-        # dtype; made once per dtype and device.
-        key = (like.dtype, like.device)
-        if key not in large_negatives:
-            large_negatives[key] = torch_nn._get_large_negative(like.dtype).to(like.device)
-        return large_negatives[key]
-
     def fits(query, key, value, mask):
         return (
             all(type(tensor) is torch.Tensor and tensor.ndim == 4 for tensor in (query, key, value))
@@ -334,14 +345,12 @@ def _install_attention_on_views():
             and attn_logits_soft_cap is None
             and fits(query, key, value, mask)
         ):
-            if mask is not None:
-                mask = torch.where(mask, 0.0, large_negative(query))
-            attended = torch.nn.functional.scaled_dot_product_attention(
+            attended = _fused_attention(
                 query.transpose(1, 2),  # [B, N, T, H] views of [B, T, N, H]
                 key.transpose(1, 2),
                 value.transpose(1, 2),
-                attn_mask=mask,
-                scale=scale,
+                mask,
+                scale,
             )
             return attended.transpose(1, 2)
         return keras_attention(
@@ -377,14 +386,12 @@ def _install_fused_cache_attention():
             and query.dtype == key.dtype == value.dtype == torch.float32
             and (mask is None or (type(mask) is torch.Tensor and mask.dtype == torch.bool))
         ):
-            if mask is not None:  # [B or 1, T, S] -> additive [B or 1, 1, T, S]
-                mask = torch.where(mask[:, None], 0.0, -1e9)
-            attended = torch.nn.functional.scaled_dot_product_attention(
+            attended = _fused_attention(
                 query.transpose(1, 2),  # [B, N, T, H]
                 key,
                 value,
-                attn_mask=mask,
-                scale=self._inverse_sqrt_key_dim,
+                None if mask is None else mask[:, None],  # [B or 1, 1, T, S]
+                self._inverse_sqrt_key_dim,
             )
             return attended.transpose(1, 2)  # [B, T, N, H]
         return written_out(self, query, key, value, mask)

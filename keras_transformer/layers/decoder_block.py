@@ -133,13 +133,16 @@ class TransformerDecoderBlock(TransformerBlock):
             )
             if not isinstance(outputs, tuple):
                 outputs = (outputs,)
+            attended = outputs[0]
             if return_cross_attention_scores:
                 cross_attention_scores = outputs[1]
-                if cross_attention_cache is not None:
+            if cross_attention_cache is not None:  # back to one row per beam
+                attended = ops.reshape(attended, ops.shape(x))
+                if return_cross_attention_scores:
                     cross_attention_scores = self._ungroup_scores(
                         cross_attention_scores, x
                     )
-            return ops.reshape(outputs[0], ops.shape(x))
+            return attended
 
         x = inputs
         for sublayer, norm, dropout in (
