@@ -229,6 +229,72 @@ def test_the_state_is_reordered_with_the_beams():
     np.testing.assert_allclose(to_numpy(got[1]), to_numpy(expected[1]), rtol=1e-6)
 
 
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_a_state_that_grows_in_phases_gives_the_search_of_a_whole_one(beam_size):
+    """A second-order model whose state is a buffer of the tokens so far,
+    as a cache is: step `index` reads position `index - 1` and writes
+    position `index`. Grown in phases of 3, 6 and 9 positions, each step
+    must see the first buffer long enough for it, and the search must equal
+    the one over a buffer of all 9 positions from the start. No output
+    ends (NEVER is no token), so every search runs through every phase."""
+    NEVER = V
+    rng = np.random.default_rng(5)
+    table = ops.convert_to_tensor(
+        np.log(rng.dirichlet(np.full(V, 0.4), size=(V, V))).astype("float32")
+    )
+    seen = []  # (index, buffer length) of each step
+
+    def step_fn(ids, index, buffer):
+        n = ops.shape(ids)[0]
+        last = ops.slice(ids, [0, index], [n, 1])
+        before = ops.slice(buffer, [0, ops.maximum(index - 1, 0)], [n, 1])
+        seen.append((int(to_numpy(index)), ops.shape(buffer)[1]))
+        logits = ops.take(ops.reshape(table, (V * V, V)), (before * V + last)[:, 0], axis=0)
+        return logits, ops.slice_update(buffer, [0, index], last)
+
+    def grow(buffer, length):
+        grown.append(length)
+        return ops.pad(buffer, [[0, 0], [0, length - ops.shape(buffer)[1]]])
+
+    def run(length, **phases):
+        initial = ops.full((3,), BOS, dtype="int32")
+        buffer = ops.full((3, length), BOS, dtype="int32")
+        if beam_size == 1:
+            return greedy_search(step_fn, initial, buffer, max_length=9, eos_id=NEVER, **phases)
+        return beam_search(step_fn, initial, buffer, beam_size=beam_size, max_length=9, eos_id=NEVER, **phases)
+
+    grown = []
+    with eager_loops():
+        expected = run(9)
+        seen.clear()
+        got = run(3, state_lengths=(3, 6, 9), grow_state=grow)
+    assert grown == [6, 9]
+    indices = [index for index, _ in seen]
+    assert max(indices) == 8  # the premise: the search ran to the last phase
+    assert all(length == 3 * (index // 3 + 1) for index, length in seen), seen
+    np.testing.assert_array_equal(to_numpy(got[0]), to_numpy(expected[0]))
+    np.testing.assert_allclose(to_numpy(got[1]), to_numpy(expected[1]), rtol=1e-6)
+
+
+def test_bad_state_lengths_are_rejected():
+    def run(lengths, grow=lambda state, length: state):
+        return beam_search(
+            markov_step(LENGTH_PENALTY_TABLE), ops.full((1,), BOS, dtype="int32"), dummy_state(1),
+            beam_size=2, max_length=6, eos_id=EOS, state_lengths=lengths, grow_state=grow,
+        )  # fmt: skip
+
+    with pytest.raises(ValueError, match=r"increasing integers >= 1. Received: state_lengths=\(4, 4, 6\)"):
+        run((4, 4, 6))
+    with pytest.raises(ValueError, match=r"increasing integers >= 1. Received: state_lengths=\(0, 6\)"):
+        run((0, 6))
+    with pytest.raises(ValueError, match=r"reach max_length.*state_lengths=\(2, 4\), max_length=6"):
+        run((2, 4))
+    with pytest.raises(ValueError, match="needs grow_state"):
+        run((2, 6), grow=None)
+    with pytest.raises(ValueError, match="at least one length"):
+        run(())
+
+
 @pytest.mark.parametrize("n", [5000, 5120])
 def test_top_k_by_chunks_equals_a_full_top_k(rng, n):
     """Best first, and among equal scores the lower index first (where the

@@ -138,6 +138,38 @@ def test_greedy_translator_equals_argmax_over_full_recomputation(model, tokenize
         np.testing.assert_array_equal(ids[0, : max(limits)], targets[row, 1:])
 
 
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_caches_that_grow_in_phases_decode_as_whole_ones(model, tokenizer, monkeypatch, beam_size):
+    """`search_translations` grows the self-attention caches in phases of
+    16, 32 and 40 positions; an EOS that never comes makes every output run
+    through all three. Caches of 40 positions from the start must give the
+    same outputs and scores."""
+    source_ids = source_batch(tokenizer, SENTENCES[:2])
+    max_extra_length = 40 - source_ids.shape[1]
+    assert kt.decoding.cache_lengths(40) == (16, 32, 40)
+    grown = []
+    grow = kt.decoding.grow_cache
+    monkeypatch.setattr(
+        "keras_transformer.decoding.translator.grow_cache",
+        lambda cache, length: grown.append(length) or grow(cache, length),
+    )
+
+    def search():
+        ids, scores = search_translations(
+            model, source_ids, np.full((2,), 40, "int32"), beam_size=beam_size, alpha=0.6,
+            max_extra_length=max_extra_length, bos_id=tokenizer.bos_id, eos_id=-1,
+        )  # fmt: skip
+        return to_numpy(ids), to_numpy(scores)
+
+    growing = search()
+    assert grown == [32, 40]
+    assert (growing[0][:, :, -1] > 0).all()  # every output is 40 tokens long
+    monkeypatch.setattr("keras_transformer.decoding.translator.cache_lengths", lambda max_length: None)
+    whole = search()
+    np.testing.assert_array_equal(growing[0], whole[0])
+    np.testing.assert_allclose(growing[1], whole[1], rtol=1e-5)
+
+
 def test_cached_step_function_gives_the_full_model_logits(model, tokenizer):
     source_ids = source_batch(tokenizer, SENTENCES[:2])
     target_ids = np.array([[tokenizer.bos_id, 17, 25, 40, 9], [tokenizer.bos_id, 8, 8, 60, 3]], "int32")
@@ -179,7 +211,11 @@ def test_the_compiled_search_equals_the_search_through_keras_layer_calls(model, 
         tolerance = {"atol": 1e-4} if quantize is None else {"rtol": 1e-3}
         np.testing.assert_allclose(compiled_scores, to_numpy(scores), **tolerance)
     if translator._search.loops is not None:
-        assert translator._search.loops.count == 2  # the condition and the body, once
+        # The condition and the body, once for each phase of the growing
+        # caches (`cache_lengths`), whose shapes differ.
+        phases = len(kt.decoding.cache_lengths(width + 6) or [width + 6])
+        assert phases > 1  # the premise: the caches grow
+        assert translator._search.loops.count == 2 * phases
 
 
 def test_a_mixed_precision_model_decodes_through_keras_layer_calls():
@@ -596,12 +632,16 @@ def test_a_second_batch_of_the_same_bucket_is_not_traced_again(model, tokenizer)
         (a, b) for a, b in itertools.combinations(pairs, 2) if shape(a) == shape(b) and all(t.strip() for t in a + b)
     )  # two different batches of one bucket
     translator.translate(first)
+    loops = translator._search.loops
+    traced_loops = loops and loops.count
     translator.translate(second)
     # torch has no compiled search: it runs the search on every call, and
-    # traces the loops of a shape once.
+    # traces the loops of a shape once (a condition and a body per phase of
+    # the growing caches).
     assert translator._search.traces == (2 if keras.backend.backend() == "torch" else 1)
     if keras.backend.backend() == "torch":
-        assert translator._search.loops.count == 2
+        assert traced_loops >= 2
+        assert loops.count == traced_loops
 
 
 def test_empty_blank_and_unknown_characters_are_translated_not_fatal(model, tokenizer):

@@ -6,15 +6,19 @@ from keras_transformer.decoding.beam_search import beam_search
 from keras_transformer.decoding.beam_search import greedy_search
 from keras_transformer.decoding.beam_search import length_penalty
 from keras_transformer.decoding.translator import Translator
+from keras_transformer.decoding.translator import cache_lengths
 from keras_transformer.decoding.translator import cached_step_function
+from keras_transformer.decoding.translator import grow_cache
 from keras_transformer.decoding.translator import search_translations
 
 __all__ = [
     "Translator",
     "beam_search",
+    "cache_lengths",
     "cached_step_function",
     "cross_attention_map",
     "greedy_search",
+    "grow_cache",
     "length_penalty",
     "plot_cross_attention",
     "search_translations",

@@ -79,6 +79,72 @@ def top_k(scores, k, chunk_size=128):
     return values, chunk * chunk_size + positions % chunk_size
 
 
+def check_state_lengths(state_lengths, grow_state, max_length):
+    """`state_lengths` must rise and end at or past `max_length`, and come
+    with `grow_state`. Lengths that are tensors are not checked."""
+    if state_lengths is None:
+        return
+    lengths = list(state_lengths)
+    if not lengths:
+        raise ValueError("state_lengths must hold at least one length. Received: state_lengths=()")
+    if len(lengths) > 1 and grow_state is None:
+        raise ValueError("state_lengths with more than one length needs grow_state.")
+    if not all(isinstance(n, int) for n in lengths):
+        return
+    if any(isinstance(n, bool) or n < 1 for n in lengths) or any(
+        b <= a for a, b in zip(lengths, lengths[1:])
+    ):
+        raise ValueError(
+            "state_lengths must be increasing integers >= 1. "
+            f"Received: state_lengths={state_lengths!r}"
+        )
+    if isinstance(max_length, int) and lengths[-1] < max_length:
+        raise ValueError(
+            "The state must reach max_length positions in its last phase. "
+            f"Received: state_lengths={state_lengths!r}, max_length={max_length}"
+        )
+
+
+def while_in_phases(condition, body, loop_vars, index, state, state_lengths, grow_state):
+    """`ops.while_loop(condition, body, loop_vars)`, run in phases over a state
+    that grows.
+
+    Phase p runs the steps whose index is below `state_lengths[p]`; between
+    phases, `grow_state(state, state_lengths[p + 1])` enlarges the state. A
+    cache of past positions can so be as long as the output so far (rounded
+    up to its phase's length) instead of as long as the longest output: the
+    attention over it and its reordering between beams do that much less
+    work. Each phase is a loop of its own, with its own shapes, so a
+    compiled search compiles one loop body per phase.
+
+    Args:
+        condition, body, loop_vars: as for `ops.while_loop`, with a dict or a
+            tuple of loop variables.
+        index: `index(loop_vars)`, the step about to run.
+        state: `(get, put)`: `get(loop_vars)` is the state to grow and
+            `put(loop_vars, state)` the loop variables with a new one.
+        state_lengths: None (one loop), or increasing lengths, the state
+            given holding the first.
+        grow_state: `grow_state(state, length)`.
+    """
+    if state_lengths is None:
+        return ops.while_loop(condition, body, loop_vars)
+    unpack = isinstance(loop_vars, (tuple, list))
+    get, put = state
+    for phase, length in enumerate(state_lengths):
+        if phase:
+            loop_vars = put(loop_vars, grow_state(get(loop_vars), length))
+
+        def in_phase(*args, length=length):
+            loop_vars = args if unpack else args[0]
+            return ops.logical_and(
+                condition(*args), ops.less(index(loop_vars), length)
+            )
+
+        loop_vars = ops.while_loop(in_phase, body, loop_vars)
+    return loop_vars
+
+
 def beam_search(
     step_fn,
     initial_ids,
@@ -89,6 +155,8 @@ def beam_search(
     max_length,
     eos_id,
     sentence_max_length=None,
+    state_lengths=None,
+    grow_state=None,
 ):
     """The `beam_size` best translations of each sentence, best first.
 
@@ -131,6 +199,12 @@ def beam_search(
         sentence_max_length: optional int `[batch]`, each sentence's own
             limit (at most `max_length`), such as its source length + 50.
             Batching then does not change any sentence's result.
+        state_lengths: optional increasing ints: the search runs in phases
+            over a state that grows, holding `state_lengths[0]` positions
+            at first (see `while_in_phases`). The last must be at least
+            `max_length`.
+        grow_state: `grow_state(state, length)`, with `state_lengths`; the
+            state it gets has the step function's `batch * beam_size` rows.
 
     Returns:
         `(ids, scores)`: int32 `[batch, beam_size, max_length]`, the
@@ -140,6 +214,7 @@ def beam_search(
     if beam_size < 1:
         raise ValueError(f"beam_size must be at least 1. Received: beam_size={beam_size}")
     check_alpha(alpha)
+    check_state_lengths(state_lengths, grow_state, max_length)
     initial_ids = ops.cast(initial_ids, "int32")
     batch_size = ops.shape(initial_ids)[0]
     if sentence_max_length is None:
@@ -272,7 +347,15 @@ def beam_search(
             ),
         }
 
-    search = ops.while_loop(condition, body, initial)
+    search = while_in_phases(
+        condition,
+        body,
+        initial,
+        index=lambda search: search["index"],
+        state=(lambda search: search["state"], lambda search, state: {**search, "state": state}),
+        state_lengths=state_lengths,
+        grow_state=grow_state,
+    )
 
     # Finished hypotheses first (they are sorted and come before the empty
     # slots), then the best alive ones, which reached the sentence's limit.
@@ -293,7 +376,17 @@ def beam_search(
     return ids[:, :, 1:], scores
 
 
-def greedy_search(step_fn, initial_ids, initial_state, *, max_length, eos_id, sentence_max_length=None):
+def greedy_search(
+    step_fn,
+    initial_ids,
+    initial_state,
+    *,
+    max_length,
+    eos_id,
+    sentence_max_length=None,
+    state_lengths=None,
+    grow_state=None,
+):
     """The most likely next token at every step, until EOS.
 
     Args:
@@ -306,11 +399,14 @@ def greedy_search(step_fn, initial_ids, initial_state, *, max_length, eos_id, se
         eos_id: the id that ends a sentence.
         sentence_max_length: optional int `[batch]`, each sentence's own
             limit (at most `max_length`).
+        state_lengths, grow_state: a state that grows in phases, as in
+            `beam_search`.
 
     Returns:
         `(ids, scores)`: int32 `[batch, max_length]`, the generated tokens
         (EOS, then 0s), and float32 `[batch]`, their total log-probability.
     """
+    check_state_lengths(state_lengths, grow_state, max_length)
     initial_ids = ops.cast(initial_ids, "int32")
     batch_size = ops.shape(initial_ids)[0]
     if sentence_max_length is None:
@@ -361,7 +457,13 @@ def greedy_search(step_fn, initial_ids, initial_state, *, max_length, eos_id, se
         finished = ops.logical_or(finished, ops.logical_and(writing, ops.equal(tokens, eos_id)))
         return index + 1, ids, log_prob, finished, state
 
-    index, ids, log_prob, finished, state = ops.while_loop(
-        condition, body, (index, ids, log_prob, finished, initial_state)
+    index, ids, log_prob, finished, state = while_in_phases(
+        condition,
+        body,
+        (index, ids, log_prob, finished, initial_state),
+        index=lambda loop_vars: loop_vars[0],
+        state=(lambda loop_vars: loop_vars[4], lambda loop_vars, state: (*loop_vars[:4], state)),
+        state_lengths=state_lengths,
+        grow_state=grow_state,
     )
     return ids[:, 1:], log_prob

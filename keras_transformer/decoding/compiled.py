@@ -2,7 +2,8 @@
 
 This is the one module of `decoding/` that knows the backend. Under
 TensorFlow a function becomes a `tf.function` whose input signature leaves
-every dimension open, so it is traced once for all shapes. Under JAX it
+every dimension open, so it is traced once for all shapes; with XLA, which
+compiles each shape anyway, it is traced once per shape. Under JAX it
 becomes a `jax.jit` function of the model's weights and its inputs, so it is
 compiled once per input shape and the weights are not baked in as
 constants. Under torch it runs eagerly, without autograd, and calls the
@@ -55,10 +56,14 @@ class CompiledFunction:
         if backend == "tensorflow":
             import tensorflow as tf
 
-            signature = [tf.TensorSpec([None] * rank, tf.int32) for rank in input_ranks]
-            self._call = tf.function(
-                self._traced, input_signature=signature, jit_compile=jit_compile
-            )
+            if jit_compile:
+                # XLA compiles every input shape anyway. Traced once per
+                # shape, the function sees static shapes, and the search's
+                # caches can grow in phases (`while_in_phases`).
+                self._call = tf.function(self._traced, jit_compile=True, reduce_retracing=False)
+            else:
+                signature = [tf.TensorSpec([None] * rank, tf.int32) for rank in input_ranks]
+                self._call = tf.function(self._traced, input_signature=signature)
         elif backend == "jax":
             import jax
 

@@ -25,20 +25,26 @@ CONFIG_FILE = "translator.json"
 MODEL_FILE = "model.keras"
 
 
-def cached_step_function(model, source_ids, max_length):
+# The first length of the self-attention buffers when they grow with the
+# output (`cache_lengths`).
+FIRST_CACHE_LENGTH = 16
+
+
+def cached_step_function(model, source_ids, max_length, cache_length=None):
     """The model's step function for `beam_search` and `greedy_search`.
 
     The encoder runs once, here, and so do the target position encodings.
     Cross-attention keys and values are computed once per sentence and
     shared by its beams; the self-attention keys and values grow by one
-    position per step in buffers of `max_length` positions. Only those
-    buffers are the search state, which the search reorders as it chooses
-    beams.
+    position per step in buffers of `cache_length` positions, which
+    `grow_cache` lengthens. Only those buffers are the search state, which
+    the search reorders as it chooses beams.
 
     Args:
         model: a `Transformer`.
         source_ids: int `[B, S]`, each sentence followed by EOS, then 0s.
         max_length: the most target positions decoded.
+        cache_length: the buffers' first length; `max_length` by default.
 
     Returns:
         `(step_fn, initial_state)`. `step_fn(ids, index, state)` feeds
@@ -46,7 +52,9 @@ def cached_step_function(model, source_ids, max_length):
         of position `index + 1` and the updated buffers.
     """
     encoder_output, encoder_padding_mask = model.encode(source_ids)
-    cache = model.initial_cache(encoder_output, max_length)
+    cache = model.initial_cache(
+        encoder_output, max_length if cache_length is None else cache_length
+    )
     # One copy per sentence: the decoder blocks attend to it with the
     # queries of the sentence's beams side by side.
     cross_attention_cache = [block["cross_attention"] for block in cache]
@@ -67,6 +75,35 @@ def cached_step_function(model, source_ids, max_length):
         return logits[:, 0], [block["self_attention"] for block in updated]
 
     return step_fn, [block["self_attention"] for block in cache]
+
+
+def cache_lengths(max_length, first=FIRST_CACHE_LENGTH):
+    """The lengths of self-attention buffers that grow with the output:
+    `first`, doubled until `max_length` is reached, as `(16, 32, 64, 70)`
+    for a `max_length` of 70.
+
+    None, for buffers of `max_length` from the start, if `max_length` is at
+    most `first`, or is a tensor: TensorFlow without XLA traces the search
+    once for every shape (`CompiledFunction`), and phases of lengths only
+    known at run time made it slower there.
+    """
+    if not isinstance(max_length, int) or max_length <= first:
+        return None
+    lengths = [first]
+    while lengths[-1] * 2 < max_length:
+        lengths.append(lengths[-1] * 2)
+    return tuple(lengths) + (max_length,)
+
+
+def grow_cache(self_attention_cache, length):
+    """The self-attention buffers of `cached_step_function`, each `[B, heads,
+    positions, head_dim]`, padded with zeros to `length` positions."""
+    return keras.tree.map_structure(
+        lambda buffer: ops.pad(
+            buffer, [[0, 0], [0, 0], [0, length - ops.shape(buffer)[2]], [0, 0]]
+        ),
+        self_attention_cache,
+    )
 
 
 def search_translations(
@@ -102,8 +139,14 @@ def search_translations(
             max_length = min(max_length, model.max_length)
         else:
             max_length = ops.minimum(max_length, model.max_length)
-    step_fn, initial_state = cached_step_function(model, source_ids, max_length)
+    # The self-attention buffers grow with the output, so that attending to
+    # them and reordering them costs what the output so far needs.
+    lengths = cache_lengths(max_length)
+    step_fn, initial_state = cached_step_function(
+        model, source_ids, max_length, None if lengths is None else lengths[0]
+    )
     initial_ids = ops.full((ops.shape(source_ids)[0],), bos_id, dtype="int32")
+    growing = {"state_lengths": lengths, "grow_state": grow_cache}
     if beam_size == 1:
         ids, scores = greedy_search(
             step_fn,
@@ -112,6 +155,7 @@ def search_translations(
             max_length=max_length,
             eos_id=eos_id,
             sentence_max_length=sentence_max_length,
+            **growing,
         )
         return ids[:, None], scores[:, None]
     return beam_search(
@@ -123,6 +167,7 @@ def search_translations(
         max_length=max_length,
         eos_id=eos_id,
         sentence_max_length=sentence_max_length,
+        **growing,
     )
 
 
