@@ -289,10 +289,12 @@ def test_bad_state_lengths_are_rejected():
         run((0, 6))
     with pytest.raises(ValueError, match=r"reach max_length.*state_lengths=\(2, 4\), max_length=6"):
         run((2, 4))
-    with pytest.raises(ValueError, match="needs grow_state"):
+    with pytest.raises(ValueError, match="need grow_state.*Received: state_lengths=\\(2, 6\\), grow_state=None"):
         run((2, 6), grow=None)
-    with pytest.raises(ValueError, match="at least one length"):
+    with pytest.raises(ValueError, match=r"increasing integers >= 1. Received: state_lengths=\(\)"):
         run(())
+    with pytest.raises(ValueError, match=r"increasing integers >= 1. Received: state_lengths=\(2.5, 6\)"):
+        run((2.5, 6))
 
 
 @pytest.mark.parametrize("n", [5000, 5120])

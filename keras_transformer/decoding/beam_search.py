@@ -80,19 +80,15 @@ def top_k(scores, k, chunk_size=128):
 
 
 def check_state_lengths(state_lengths, grow_state, max_length):
-    """`state_lengths` must rise and end at or past `max_length`, and come
-    with `grow_state`. Lengths that are tensors are not checked."""
+    """`state_lengths` must be increasing Python ints (each phase has its own
+    shapes) that reach `max_length`, and come with `grow_state`."""
     if state_lengths is None:
         return
     lengths = list(state_lengths)
-    if not lengths:
-        raise ValueError("state_lengths must hold at least one length. Received: state_lengths=()")
-    if len(lengths) > 1 and grow_state is None:
-        raise ValueError("state_lengths with more than one length needs grow_state.")
-    if not all(isinstance(n, int) for n in lengths):
-        return
-    if any(isinstance(n, bool) or n < 1 for n in lengths) or any(
-        b <= a for a, b in zip(lengths, lengths[1:])
+    if (
+        not lengths
+        or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in lengths)
+        or any(b <= a for a, b in zip(lengths, lengths[1:]))
     ):
         raise ValueError(
             "state_lengths must be increasing integers >= 1. "
@@ -102,6 +98,11 @@ def check_state_lengths(state_lengths, grow_state, max_length):
         raise ValueError(
             "The state must reach max_length positions in its last phase. "
             f"Received: state_lengths={state_lengths!r}, max_length={max_length}"
+        )
+    if len(lengths) > 1 and grow_state is None:
+        raise ValueError(
+            "state_lengths of more than one phase need grow_state to grow the "
+            f"state between them. Received: state_lengths={state_lengths!r}, grow_state=None"
         )
 
 
