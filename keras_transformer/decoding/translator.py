@@ -83,9 +83,10 @@ def cache_lengths(max_length, first=FIRST_CACHE_LENGTH):
     for a `max_length` of 70.
 
     None, for buffers of `max_length` from the start, if `max_length` is at
-    most `first`, or is a tensor: TensorFlow without XLA traces the search
-    once for every shape (`CompiledFunction`), and phases of lengths only
-    known at run time made it slower there.
+    most `first`, or is a tensor. It is one under TensorFlow without XLA,
+    where one trace of the search serves every shape (`CompiledFunction`);
+    phases of lengths only known at run time made the search slower there
+    (benchmarks/README.md).
     """
     if not isinstance(max_length, int) or max_length <= first:
         return None
