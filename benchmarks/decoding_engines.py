@@ -223,7 +223,8 @@ def converted_to_ctranslate2(marian, directory, quantization):
 
 class CTranslate2Process:
     """`ctranslate2_worker.py` in a process of its own: CTranslate2 slowed
-    torch in the benchmark's process (see that file)."""
+    torch in the benchmark's process (see that file). Each CTranslate2
+    model gets a process of its own too (`CTranslate2Processes`)."""
 
     def __init__(self):
         worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ctranslate2_worker.py")
@@ -245,8 +246,29 @@ class CTranslate2Process:
         self.process.wait()
 
 
-def ctranslate2_contender(worker, model_directory, tokens, compute_type, beam_size, output_length, threads):
+class CTranslate2Processes:
+    """One `CTranslate2Process` per CTranslate2 model. With a float32 and an
+    int8 translator loaded in one process, the float32 one ran about half as
+    fast: small, batch 32, beam 4, 0.19 s a batch alone and 0.31 s once the
+    int8 one was loaded, though it was idle (benchmarks/README.md)."""
+
+    def __init__(self):
+        self.processes = {}
+
+    def get(self, key):
+        if key not in self.processes:
+            self.processes[key] = CTranslate2Process()
+        return self.processes[key]
+
+    def close(self):
+        for process in self.processes.values():
+            process.close()
+        self.processes = {}
+
+
+def ctranslate2_contender(processes, model_directory, tokens, compute_type, beam_size, output_length, threads):
     key = (model_directory, compute_type)
+    worker = processes.get(key)
     worker.ask("load", key, model_directory, compute_type, threads)
 
     def prepare(source_ids):
@@ -276,9 +298,10 @@ def decoding_flops(config, batch_size, source_length, output_length, beam_size):
     return 2 * batch_size * (encoder + cross_keys_values + beam_size * steps)
 
 
-def contenders(preset, config, args, directory, ctranslate2_process):
+def contenders(preset, config, args, directory, ctranslate2_processes):
     """{name: (search, precision, prepare)} for `preset` with `config`;
-    CTranslate2's contenders decode in `ctranslate2_process`."""
+    CTranslate2's contenders decode in `ctranslate2_processes`, a process
+    per model."""
     model = kt.build_transformer(preset, vocabulary_size=args.vocabulary_size)
     hub_decoder = KerasHubDecoder(
         args.vocabulary_size, config["num_layers"], config["d_model"], config["d_ff"], config["num_heads"]
@@ -315,7 +338,7 @@ def contenders(preset, config, args, directory, ctranslate2_process):
                 found[named(f"ctranslate2 {precision}", search)] = (
                     search, precision,
                     ctranslate2_contender(
-                        ctranslate2_process, model_directory, tokens, precision, beam_size, length, args.threads
+                        ctranslate2_processes, model_directory, tokens, precision, beam_size, length, args.threads
                     ),
                 )
     return found
@@ -408,19 +431,20 @@ def main():
     }
     print(json.dumps(header))
     results = dict(header, runs=[])
-    ctranslate2_process = CTranslate2Process() if "ctranslate2" in args.peers else None
+    # A preset's CTranslate2 processes end with its runs.
+    ctranslate2_processes = CTranslate2Processes()
     try:
         with tempfile.TemporaryDirectory() as directory:
             for preset in args.presets:
                 config = dict(kt.models.PRESETS[preset], vocabulary_size=args.vocabulary_size)
-                found = contenders(preset, config, args, os.path.join(directory, preset), ctranslate2_process)
+                found = contenders(preset, config, args, os.path.join(directory, preset), ctranslate2_processes)
                 for batch_size in args.batch_sizes:
                     rows = benchmark(found, batch_size, args, config)
                     print_table(preset, batch_size, rows)
                     results["runs"].append({"preset": preset, "batch_size": batch_size, "contenders": rows})
+                ctranslate2_processes.close()
     finally:
-        if ctranslate2_process is not None:
-            ctranslate2_process.close()
+        ctranslate2_processes.close()
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
