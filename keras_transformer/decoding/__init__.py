@@ -9,6 +9,7 @@ from keras_transformer.decoding.translator import Translator
 from keras_transformer.decoding.translator import cache_lengths
 from keras_transformer.decoding.translator import cached_step_function
 from keras_transformer.decoding.translator import grow_cache
+from keras_transformer.decoding.translator import growing_step_function
 from keras_transformer.decoding.translator import search_translations
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "cross_attention_map",
     "greedy_search",
     "grow_cache",
+    "growing_step_function",
     "length_penalty",
     "plot_cross_attention",
     "search_translations",

@@ -106,44 +106,38 @@ def check_state_lengths(state_lengths, grow_state, max_length):
         )
 
 
-def while_in_phases(condition, body, loop_vars, index, state, state_lengths, grow_state):
-    """`ops.while_loop(condition, body, loop_vars)`, run in phases over a state
+def while_in_phases(condition, body, search, state_lengths, grow_state):
+    """`ops.while_loop(condition, body, search)`, run in phases over a state
     that grows.
 
-    Phase p runs the steps whose index is below `state_lengths[p]`; between
-    phases, `grow_state(state, state_lengths[p + 1])` enlarges the state. A
-    cache of past positions can so be as long as the output so far (rounded
-    up to its phase's length) instead of as long as the longest output: the
-    attention over it and its reordering between beams do that much less
-    work. Each phase is a loop of its own, with its own shapes, so a
-    compiled search compiles one loop body per phase.
+    Phase p runs the steps whose `search["index"]` is below
+    `state_lengths[p]`; between phases, `grow_state(search["state"],
+    state_lengths[p + 1])` enlarges the state. A cache of past positions can
+    so be as long as the output so far (rounded up to its phase's length)
+    instead of as long as the longest output: the attention over it and its
+    reordering between beams do that much less work. Each phase is a loop of
+    its own, with its own shapes, so a compiled search compiles one loop body
+    per phase.
 
     Args:
-        condition, body, loop_vars: as for `ops.while_loop`, with a dict or a
-            tuple of loop variables.
-        index: `index(loop_vars)`, the step about to run.
-        state: `(get, put)`: `get(loop_vars)` is the state to grow and
-            `put(loop_vars, state)` the loop variables with a new one.
+        condition, body: as for `ops.while_loop`, over the dict `search`.
+        search: the loop variables, a dict with the step about to run at
+            `"index"` and the state at `"state"`.
         state_lengths: None (one loop), or increasing lengths, the state
             given holding the first.
         grow_state: `grow_state(state, length)`.
     """
     if state_lengths is None:
-        return ops.while_loop(condition, body, loop_vars)
-    unpack = isinstance(loop_vars, (tuple, list))
-    get, put = state
+        return ops.while_loop(condition, body, search)
     for phase, length in enumerate(state_lengths):
         if phase:
-            loop_vars = put(loop_vars, grow_state(get(loop_vars), length))
+            search = {**search, "state": grow_state(search["state"], length)}
 
-        def in_phase(*args, length=length):
-            loop_vars = args if unpack else args[0]
-            return ops.logical_and(
-                condition(*args), ops.less(index(loop_vars), length)
-            )
+        def in_phase(search, length=length):
+            return ops.logical_and(condition(search), ops.less(search["index"], length))
 
-        loop_vars = ops.while_loop(in_phase, body, loop_vars)
-    return loop_vars
+        search = ops.while_loop(in_phase, body, search)
+    return search
 
 
 def beam_search(
@@ -348,15 +342,7 @@ def beam_search(
             ),
         }
 
-    search = while_in_phases(
-        condition,
-        body,
-        initial,
-        index=lambda search: search["index"],
-        state=(lambda search: search["state"], lambda search, state: {**search, "state": state}),
-        state_lengths=state_lengths,
-        grow_state=grow_state,
-    )
+    search = while_in_phases(condition, body, initial, state_lengths, grow_state)
 
     # Finished hypotheses first (they are sorted and come before the empty
     # slots), then the best alive ones, which reached the sentence's limit.
@@ -419,16 +405,25 @@ def greedy_search(
         initial_ids[:, None],
         ops.zeros((batch_size, max_length + 1), dtype="int32"),
     )  # [B, L + 1]
-    log_prob = ops.zeros((batch_size,), dtype="float32")
-    finished = ops.zeros((batch_size,), dtype="bool")
-    index = ops.convert_to_tensor(0, dtype="int32")
+    initial = {
+        "index": ops.convert_to_tensor(0, dtype="int32"),
+        "ids": ids,
+        "log_prob": ops.zeros((batch_size,), dtype="float32"),
+        "finished": ops.zeros((batch_size,), dtype="bool"),
+        "state": initial_state,
+    }
 
-    def condition(index, ids, log_prob, finished, state):
-        done = ops.logical_or(finished, ops.greater_equal(index, sentence_max_length))
-        return ops.logical_and(ops.less(index, max_length), ops.logical_not(ops.all(done)))
+    def condition(search):
+        done = ops.logical_or(
+            search["finished"], ops.greater_equal(search["index"], sentence_max_length)
+        )
+        return ops.logical_and(
+            ops.less(search["index"], max_length), ops.logical_not(ops.all(done))
+        )
 
-    def body(index, ids, log_prob, finished, state):
-        logits, state = step_fn(ids, index, state)
+    def body(search):
+        index, ids, finished = search["index"], search["ids"], search["finished"]
+        logits, state = step_fn(ids, index, search["state"])
         logits = ops.cast(logits, "float32")
         # The best token is the first that reaches the largest logit: two
         # plain reductions, which XLA vectorizes. XLA's argmax, a reduction
@@ -454,17 +449,15 @@ def greedy_search(
             tokens[:, None],
             ids,
         )
-        log_prob = log_prob + ops.where(writing, token_log_probs, 0.0)
-        finished = ops.logical_or(finished, ops.logical_and(writing, ops.equal(tokens, eos_id)))
-        return index + 1, ids, log_prob, finished, state
+        return {
+            "index": index + 1,
+            "ids": ids,
+            "log_prob": search["log_prob"] + ops.where(writing, token_log_probs, 0.0),
+            "finished": ops.logical_or(
+                finished, ops.logical_and(writing, ops.equal(tokens, eos_id))
+            ),
+            "state": state,
+        }
 
-    index, ids, log_prob, finished, state = while_in_phases(
-        condition,
-        body,
-        (index, ids, log_prob, finished, initial_state),
-        index=lambda loop_vars: loop_vars[0],
-        state=(lambda loop_vars: loop_vars[4], lambda loop_vars, state: (*loop_vars[:4], state)),
-        state_lengths=state_lengths,
-        grow_state=grow_state,
-    )
-    return ids[:, 1:], log_prob
+    search = while_in_phases(condition, body, initial, state_lengths, grow_state)
+    return search["ids"][:, 1:], search["log_prob"]

@@ -31,7 +31,8 @@ class CompiledFunction:
         fn: a function of int32 tensors that calls `model`'s layers and
             returns a nest of tensors.
         model: the model whose weights `fn` reads.
-        input_ranks: the rank of each input, for TensorFlow's signature.
+        input_ranks: the rank of each input, for TensorFlow's shape-generic
+            signature (without XLA).
         jit_compile: compile with XLA under TensorFlow (JAX always does).
         direct_layer_calls: under torch, call built layers' `call` without
             `Layer.__call__` when no layer of `model` autocasts (see

@@ -77,6 +77,22 @@ def cached_step_function(model, source_ids, max_length, cache_length=None):
     return step_fn, [block["self_attention"] for block in cache]
 
 
+def growing_step_function(model, source_ids, max_length):
+    """`cached_step_function` with self-attention buffers that grow with the
+    output, for `beam_search` and `greedy_search`.
+
+    Returns:
+        `(step_fn, initial_state, growth)`: `growth` holds the searches'
+        `state_lengths` (`cache_lengths`; None if the buffers do not grow)
+        and `grow_state` (`grow_cache`) arguments.
+    """
+    lengths = cache_lengths(max_length)
+    step_fn, initial_state = cached_step_function(
+        model, source_ids, max_length, None if lengths is None else lengths[0]
+    )
+    return step_fn, initial_state, {"state_lengths": lengths, "grow_state": grow_cache}
+
+
 def cache_lengths(max_length, first=FIRST_CACHE_LENGTH):
     """The lengths of self-attention buffers that grow with the output:
     `first`, doubled until `max_length` is reached, as `(16, 32, 64, 70)`
@@ -142,12 +158,8 @@ def search_translations(
             max_length = ops.minimum(max_length, model.max_length)
     # The self-attention buffers grow with the output, so that attending to
     # them and reordering them costs what the output so far needs.
-    lengths = cache_lengths(max_length)
-    step_fn, initial_state = cached_step_function(
-        model, source_ids, max_length, None if lengths is None else lengths[0]
-    )
+    step_fn, initial_state, growing = growing_step_function(model, source_ids, max_length)
     initial_ids = ops.full((ops.shape(source_ids)[0],), bos_id, dtype="int32")
-    growing = {"state_lengths": lengths, "grow_state": grow_cache}
     if beam_size == 1:
         ids, scores = greedy_search(
             step_fn,

@@ -13,9 +13,7 @@ from keras import ops
 from keras_transformer.decoding.beam_search import NEG_INF
 from keras_transformer.decoding.beam_search import beam_search
 from keras_transformer.decoding.compiled import CompiledFunction
-from keras_transformer.decoding.translator import cache_lengths
-from keras_transformer.decoding.translator import cached_step_function
-from keras_transformer.decoding.translator import grow_cache
+from keras_transformer.decoding.translator import growing_step_function
 from keras_transformer.parsing.linearization import delinearize
 
 
@@ -140,10 +138,7 @@ class Parser:
 
     def _search_batch(self, source_ids, word_counts, limits):
         max_length = ops.shape(source_ids)[1] + self.max_extra_length + 3
-        lengths = cache_lengths(max_length)  # the caches grow with the output
-        step_fn, initial_state = cached_step_function(
-            self.model, source_ids, max_length, None if lengths is None else lengths[0]
-        )
+        step_fn, initial_state, growing = growing_step_function(self.model, source_ids, max_length)
         per_row = ops.repeat(word_counts, self.beam_size, axis=0)
         copied = self.vocabulary.target_words == "copied"
         step_fn = well_formed_steps(
@@ -154,7 +149,7 @@ class Parser:
         ids, _ = beam_search(
             step_fn, initial_ids, initial_state, beam_size=self.beam_size, alpha=self.alpha,
             max_length=max_length, eos_id=self.vocabulary.eos_id, sentence_max_length=limits,
-            state_lengths=lengths, grow_state=grow_cache,
+            **growing,
         )  # fmt: skip
         return ids[:, 0]
 
