@@ -11,8 +11,8 @@ each batch size, the same random source sentences (20 tokens, then EOS) are
 decoded to exactly `--output-length` tokens, greedily and with beam 4, by:
 
 - ours: `search_translations` with the cached decoder, compiled as the
-  `Translator` compiles it, in float32 and with Keras's int8 kernels
-  (`models.quantized`);
+  `Translator` compiles it, in float32 and with Keras's int8 kernels and
+  our int8 token embedding (`models.quantized`);
 - keras-hub: its cached `GreedySampler` and `BeamSampler` driving a stack of
   keras-hub `TransformerDecoder` layers of the same size (see
   `decoding.py`), on our encoder;

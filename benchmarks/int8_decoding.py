@@ -8,7 +8,8 @@
 Two translators load the same directory: one as saved (`float`: float32,
 or the model's mixed precision policy), one with
 `quantize="int8"` (Keras's int8 kernels for the attention projections and
-the feed-forward layers; see `keras_transformer.models.quantization`). Both
+the feed-forward layers, and the int8 token embedding that also gives the
+logits; see `keras_transformer.models.quantization`). Both
 translate the same source file with the same search (beam 4 and alpha 0.6
 unless told otherwise), taking turns for `--rounds` rounds after a warm-up,
 so that they share the machine's noise. Reported: sentences per second of

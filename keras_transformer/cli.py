@@ -33,7 +33,7 @@ def _add_search_arguments(parser):
     parser.add_argument("--max-extra-length", type=int, help="output tokens allowed beyond the source's")
     parser.add_argument(
         "--quantize", choices=["int8"],
-        help="decode with int8 attention and feed-forward kernels (Keras's quantization)",
+        help="decode with int8 attention and feed-forward kernels and an int8 token embedding (Keras's quantization)",
     )
 
 

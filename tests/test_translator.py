@@ -207,8 +207,10 @@ def test_the_compiled_search_equals_the_search_through_keras_layer_calls(model, 
         # difference between XLA's fused arithmetic and the eager one can
         # move an activation by one int8 step: a score then differs by about
         # 1e-4 of its size (seen under JAX, once the attention over the cache
-        # was written out: -23.3806 against -23.3763).
-        tolerance = {"atol": 1e-4} if quantize is None else {"rtol": 1e-3}
+        # was written out: -23.3806 against -23.3763), and by about 1.5e-3
+        # where the step is in the output projection's input (torch:
+        # -27.8563 against -27.8158), whose int8 product moves every logit.
+        tolerance = {"atol": 1e-4} if quantize is None else {"rtol": 5e-3}
         np.testing.assert_allclose(compiled_scores, to_numpy(scores), **tolerance)
     if translator._search.loops is not None:
         # The condition and the body, once for each phase of the growing

@@ -214,7 +214,7 @@ class Translator:
         batch_size: sentences decoded together.
         jit_compile: compile with XLA under TensorFlow.
         quantize: None, or "int8" to decode with a copy of `model` whose
-            attention and feed-forward kernels are int8
+            attention and feed-forward kernels and token embedding are int8
             (`keras_transformer.models.quantized`); `model` is unchanged.
 
     Example:

@@ -3,8 +3,11 @@
 Keras's post-training quantization (`Model.quantize`) stores the kernels of
 `Dense` and `EinsumDense` layers (here: the attention projections and the
 feed-forward networks) as int8 with a scale per output unit, and quantizes
-each activation row on the fly. The shared token embedding, the layer norms
-and the position encoding stay in their float dtype.
+each activation row on the fly. `TokenEmbedding` quantizes the same way
+(`layers/token_embedding.py`): its matrix as int8 with a scale per token,
+so that the logits, the largest product of a decoding step, are an int8
+product too. The layer norms and the position encoding stay in their float
+dtype.
 """
 
 import warnings
