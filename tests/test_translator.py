@@ -646,6 +646,41 @@ def test_a_second_batch_of_the_same_bucket_is_not_traced_again(model, tokenizer)
         assert loops.count == traced_loops
 
 
+def test_a_search_over_many_shapes_is_traced_once_per_shape(model):
+    """A translator meets many shapes: buckets of source lengths, each with
+    a loop per phase of its growing caches. Searched again, none is traced
+    again (under torch, whose loop traces are kept per shape, as under JAX,
+    whose functions are compiled per shape)."""
+    never = model.vocabulary_size + 1  # no EOS: every search runs to its limit
+
+    def search(source_ids, limits):
+        return search_translations(
+            model, source_ids, limits, beam_size=1, alpha=0.6, max_extra_length=40,
+            bos_id=1, eos_id=never,
+        )
+
+    compiled = CompiledFunction(search, model, [2, 1])
+    rng = np.random.default_rng(0)
+    batches = []
+    for width in (4, 6, 8, 10, 12, 14):
+        source_ids = rng.integers(3, model.vocabulary_size, (1, width)).astype("int32")
+        batches.append((source_ids, np.array([width + 40], "int32")))
+    for source_ids, limits in batches:
+        compiled(source_ids, limits)
+    traces = compiled.traces
+    loops = compiled.loops and compiled.loops.count
+    if compiled.loops is not None:
+        # The premise: a condition and a body for each of 3 phases (16, 32,
+        # width + 40) of 6 widths, more than a few.
+        assert loops == 6 * 3 * 2
+    for source_ids, limits in batches:
+        compiled(source_ids, limits)
+    if compiled.loops is not None:
+        assert compiled.loops.count == loops
+    else:
+        assert compiled.traces == traces
+
+
 def test_empty_blank_and_unknown_characters_are_translated_not_fatal(model, tokenizer):
     translator = Translator(model, tokenizer, beam_size=2, max_extra_length=4)
     texts = ["", " \t ", "日本語 😀 ∑", "the man ."]
