@@ -177,3 +177,28 @@ def test_an_int8_embedding_saved_in_float_loads_quantized():
     np.testing.assert_array_equal(to_numpy(loaded.embeddings_scale), to_numpy(expected.embeddings_scale))
     with pytest.raises(ValueError, match=r"expected embeddings of shape \(30, 8\)\. Received: \(30, 4\)"):
         loaded.load_own_variables({"0": matrix[:, :4]})
+
+
+PRODUCTS = ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum")
+
+
+def test_tensorflow_without_xla_decodes_int8_products_as_float_products(model, tokenizer):
+    """TensorFlow's int8 by int8 `matmul` is 4-5 times slower than its
+    float32 one on this CPU; so the decoding function traced without XLA
+    multiplies the int8 values as float32 (decoding/compiled.py). That the
+    results are Keras's int8 ones is `test_translator.py`'s compiled-against-
+    eager test; here, that no product in the traced graph takes int8."""
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("a TensorFlow graph: the other backends trace none")
+    import tensorflow as tf
+
+    translator = Translator(model, tokenizer, beam_size=2, max_extra_length=4, quantize="int8")
+    translator.translate(SENTENCES)
+    graph = translator._search._call.get_concrete_function().graph.as_graph_def()
+    nodes = list(graph.node) + [node for function in graph.library.function for node in function.node_def]
+    products = [node for node in nodes if node.op in PRODUCTS]
+    types = {
+        tf.dtypes.as_dtype(node.attr[key].type).name
+        for node in products for key in ("T", "Ta", "Tb") if key in node.attr
+    }
+    assert len(products) > 10 and types == {"float32"}

@@ -64,7 +64,13 @@ class CompiledFunction:
                 self._call = tf.function(self._traced, jit_compile=True, reduce_retracing=False)
             else:
                 signature = [tf.TensorSpec([None] * rank, tf.int32) for rank in input_ranks]
-                self._call = tf.function(self._traced, input_signature=signature)
+                _install_float_int8_products()
+
+                def traced(*inputs):
+                    with _float_int8_products():
+                        return self._traced(*inputs)
+
+                self._call = tf.function(traced, input_signature=signature)
         elif backend == "jax":
             import jax
 
@@ -169,11 +175,13 @@ class CompiledFunction:
 # operations, without Python between them (`_TracedLoops`).
 
 class _Calling(threading.local):
-    """Per thread: whether a decoding call runs its layers directly, and
-    the traces of its loops."""
+    """Per thread: whether a decoding call runs its layers directly, the
+    traces of its loops, and whether int8 products are computed in float32
+    (TensorFlow without XLA)."""
 
     direct = False
     loops = None
+    float_int8 = False
 
 
 _calling = _Calling()
@@ -817,3 +825,59 @@ def _install_traced_loops():
         return loop_vars if is_tuple else loop_vars[0]
 
     _replace_in_modules("keras.src.backend", keras_while_loop, while_loop)
+
+
+# Under TensorFlow without XLA, Keras's int8 layers multiply int8 by int8
+# with `tf.matmul(..., output_type=tf.int32)`, which on this CPU is 4-5 times
+# slower than the float32 product of the same shapes (benchmarks/README.md:
+# 128 x 512 by 512 x 32,000, 72.6 ms against 16.0 ms), where the same int8
+# values cast to float32 and multiplied as floats take 17.1 ms. So while a
+# decoding function is traced without XLA, int8 products are float32
+# products of the int8 values. Their sums are exact up to 2^24 (a
+# contraction of up to 1,040 int8 pairs), and beyond that rounded to 24
+# bits, which the int8 layers' rescaling into floats does anyway. With XLA
+# the int8 product is faster than the float32 one, and is left as it is.
+
+@contextlib.contextmanager
+def _float_int8_products():
+    """Within this block, on this thread, TensorFlow's int8 by int8
+    `matmul` and `einsum` are float32 products cast to int32."""
+    outer = _calling.float_int8
+    _calling.float_int8 = True
+    try:
+        yield
+    finally:
+        _calling.float_int8 = outer
+
+
+def _install_float_int8_products():
+    from keras.src.backend.tensorflow import numpy as tf_numpy
+
+    if getattr(tf_numpy.matmul, "float_int8", False):
+        return
+    import tensorflow as tf
+    from keras.src.backend.tensorflow import core
+
+    keras_matmul = tf_numpy.matmul
+    keras_einsum = tf_numpy.einsum
+
+    def int8(x):
+        return keras.backend.standardize_dtype(getattr(x, "dtype", None) or "float32") == "int8"
+
+    def as_float(x):
+        return tf.cast(core.convert_to_tensor(x), tf.float32)
+
+    def matmul(x1, x2):
+        if _calling.float_int8 and int8(x1) and int8(x2):
+            return tf.cast(keras_matmul(as_float(x1), as_float(x2)), tf.int32)
+        return keras_matmul(x1, x2)
+
+    def einsum(subscripts, *operands, **kwargs):
+        if _calling.float_int8 and len(operands) == 2 and all(int8(x) for x in operands):
+            product = keras_einsum(subscripts, *(as_float(x) for x in operands), **kwargs)
+            return tf.cast(product, tf.int32)
+        return keras_einsum(subscripts, *operands, **kwargs)
+
+    matmul.float_int8 = einsum.float_int8 = True
+    _replace_in_modules("keras.src.backend", keras_matmul, matmul)
+    _replace_in_modules("keras.src.backend", keras_einsum, einsum)
