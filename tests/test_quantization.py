@@ -189,7 +189,11 @@ def test_tensorflow_without_xla_decodes_int8_products_as_float_products(model, t
     results are Keras's int8 ones is `test_translator.py`'s compiled-against-
     eager test; here, that no product in the traced graph takes int8."""
     if keras.backend.backend() != "tensorflow":
-        pytest.skip("a TensorFlow graph: the other backends trace none")
+        pytest.skip(
+            "TensorFlow only: JAX and torch trace no TensorFlow graph; torch's "
+            "int8 products: test_translator.py::"
+            "test_int8_products_while_decoding_directly_equal_keras"
+        )
     import tensorflow as tf
 
     translator = Translator(model, tokenizer, beam_size=2, max_extra_length=4, quantize="int8")

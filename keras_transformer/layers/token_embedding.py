@@ -69,13 +69,18 @@ class TokenEmbedding(keras.layers.Layer):
     def call(self, inputs, reverse=False):
         if reverse:
             return ops.matmul(inputs, ops.transpose(self.embeddings))
-        embedded = ops.take(self.embeddings, inputs, axis=0)
+        return self._scaled(ops.take(self.embeddings, inputs, axis=0))
+
+    def _scaled(self, embedded):
         return embedded * ops.cast(math.sqrt(self.d_model), embedded.dtype)
 
     def quantize(self, mode=None, type_check=True, config=None):
         if type_check and type(self) is not TokenEmbedding:
             raise self._not_implemented_error(self.quantize)
         if mode != "int8":
+            # Keras's NotImplementedError: `Model.quantize` warns and leaves
+            # this layer in float while quantizing the layers that take the
+            # mode (int4 `Dense` kernels, say).
             raise self._quantization_mode_error(mode)
         matrix = self.embeddings
         del self.embeddings
@@ -127,8 +132,7 @@ class TokenEmbedding(keras.layers.Layer):
             )
         rows = ops.take(self.embeddings, inputs, axis=0)
         scale = ops.take(self.embeddings_scale, inputs, axis=0)[..., None]
-        embedded = ops.divide(ops.cast(rows, self.compute_dtype), scale)
-        return embedded * ops.cast(math.sqrt(self.d_model), embedded.dtype)
+        return self._scaled(ops.divide(ops.cast(rows, self.compute_dtype), scale))
 
     def compute_output_spec(self, inputs, reverse=False):
         if reverse:
