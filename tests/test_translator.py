@@ -1,5 +1,6 @@
 """Translator, the model's cached step function, the CLI and attention plots."""
 
+import collections
 import itertools
 import os
 import subprocess
@@ -22,6 +23,7 @@ from keras_transformer.decoding import cross_attention_map
 from keras_transformer.decoding import greedy_search
 from keras_transformer.decoding import plot_cross_attention
 from keras_transformer.decoding import search_translations
+from keras_transformer.decoding.compiled import _ONEDNN_MIN_PRODUCT
 from keras_transformer.decoding.compiled import CompiledFunction
 from keras_transformer.decoding.compiled import _direct_layer_calls
 from keras_transformer.decoding.compiled import _TracedLoops
@@ -530,6 +532,65 @@ def test_float_einsum_products_while_decoding_directly_equal_keras():
         assert keras.backend.standardize_dtype(g.dtype) == keras.backend.standardize_dtype(e.dtype)
         assert tuple(g.shape) == tuple(e.shape)
         np.testing.assert_allclose(to_numpy(g), to_numpy(e), rtol=1e-5, atol=1e-5)
+
+
+def test_large_float_products_while_decoding_directly_equal_keras():
+    """Under torch on the CPU, while decoding directly, float32 products of
+    at least `_ONEDNN_MIN_PRODUCT` multiply-adds go to oneDNN's linear
+    operation, and smaller ones to `torch.matmul` (decoding/compiled.py);
+    on every backend they must equal Keras's products, and under torch a
+    loop whose body holds one must be traced, not refused."""
+    rng = np.random.default_rng(0)
+
+    def floats(*shape):
+        return keras.ops.convert_to_tensor(rng.normal(size=shape).astype("float32"))
+
+    x3, row, small = floats(2, 16, 64), floats(1, 64), floats(5, 16)
+    kernel, head_kernel, small_kernel = floats(64, 1024), floats(64, 16, 64), floats(16, 24)
+    embeddings = keras.Variable(rng.normal(size=(32768, 64)).astype("float32"))
+    assert 32 * 64 * 1024 >= _ONEDNN_MIN_PRODUCT > 64 * 1024
+
+    def products():
+        return [
+            keras.ops.matmul(x3, kernel),  # 32 rows
+            keras.ops.matmul(keras.ops.reshape(x3, (32, 64)), keras.ops.transpose(embeddings)),  # logits
+            keras.ops.matmul(row, keras.ops.transpose(embeddings)),  # one row, 512 times wider than deep
+            keras.ops.einsum("btd,dnh->btnh", x3, head_kernel),
+            keras.ops.matmul(row, kernel),  # one row, below the size
+            keras.ops.matmul(small, small_kernel),
+        ]
+
+    expected = products()
+    with _direct_layer_calls():
+        got = products()
+    for g, e in zip(got, expected, strict=True):
+        assert keras.backend.standardize_dtype(g.dtype) == "float32"
+        assert tuple(g.shape) == tuple(e.shape)
+        np.testing.assert_allclose(to_numpy(g), to_numpy(e), rtol=1e-5, atol=1e-4)
+    if keras.backend.backend() != "torch":
+        return
+    import torch
+
+    with torch.profiler.profile() as profile, _direct_layer_calls():
+        products()
+    calls = collections.Counter(event.name for event in profile.events())
+    assert calls["mkldnn::_linear_pointwise"] == 4
+    assert calls["aten::mm"] == 2
+
+    loops = _TracedLoops(keras.layers.Dense(1))
+
+    def run():
+        return keras.ops.while_loop(
+            lambda i, x: keras.ops.less(i, 2),
+            lambda i, x: (i + 1, keras.ops.matmul(x, kernel)[:, :, :64] / 30.0),
+            (keras.ops.convert_to_tensor(0), x3),
+        )
+
+    expected = run()
+    with torch.no_grad(), _direct_layer_calls(loops=loops):
+        got = run()
+    assert (loops.count, loops.refused) == (2, 0)
+    np.testing.assert_allclose(to_numpy(got[1]), to_numpy(expected[1]), rtol=1e-5, atol=1e-5)
 
 
 def test_input_quantization_while_decoding_directly_equals_keras():

@@ -498,6 +498,37 @@ def _matrix_product_form(equation):
     return contracted
 
 
+# oneDNN's float32 product (the kernel torch's own compiler calls for
+# linear layers on the CPU) is about twice as fast as `torch.matmul`, which
+# goes to MKL, on this project's AMD CPUs: 250-450 against 100-200 GFLOP/s
+# for a decoding step's products at batch 32 (benchmarks/README.md). For
+# small products its call costs more than it saves; below this many
+# multiply-adds, and for one row unless the product is much wider than deep
+# (the logits), `torch.matmul` it is.
+_ONEDNN_MIN_PRODUCT = 2**20
+
+
+def _onednn_linear():
+    """torch's oneDNN linear operation as `linear(x [M, K], weight [N, K])`,
+    or None where this build of torch has none. It is compiled by
+    TorchScript, whose caller the loops' tracer records as one call: the
+    tracer cannot take the operation's empty list of optional scalars
+    itself."""
+    import torch
+
+    if not torch.backends.mkldnn.is_available():
+        return None
+    source = (
+        "def linear(x: Tensor, weight: Tensor) -> Tensor:\n"
+        "    no_scalars: List[Optional[number]] = []\n"
+        '    return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", no_scalars, "")\n'
+    )
+    try:
+        return torch.jit.CompilationUnit(source).linear
+    except (AttributeError, RuntimeError):
+        return None
+
+
 def _install_matrix_products():
     """Replaces torch's `matmul` and `einsum` by ones that, while decoding
     directly, compute an `einsum` of an input and a kernel in
@@ -546,19 +577,43 @@ def _install_matrix_products():
             return None
         return sums.reshape(shape)
 
+    onednn_linear = _onednn_linear()
+
+    def matrix_product(x, kernel):
+        """float x `[M, K]` times kernel `[K, N]`: through oneDNN where
+        that pays, otherwise `torch.matmul`."""
+        (rows, depth), columns = x.shape, kernel.shape[1]
+        if (
+            onednn_linear is not None
+            and x.dtype == torch.float32
+            and x.device.type == "cpu"
+            and rows * depth * columns >= _ONEDNN_MIN_PRODUCT
+            and (rows > 1 or columns >= 8 * depth)
+        ):
+            try:
+                return onednn_linear(x, kernel.t())
+            except RuntimeError:
+                pass
+        return torch.matmul(x, kernel)
+
     def float_product(x, kernel, contracted):
         """float x `[..., K...]` times kernel `[K..., N...]`, or None."""
         matrices = as_matrices(x, kernel, contracted)
         if matrices is None:
             return None
         x, kernel, shape = matrices
-        return torch.matmul(x, kernel).reshape(shape)
+        return matrix_product(x, kernel).reshape(shape)
 
     def matmul(x1, x2):
-        if int8_input(x1) and getattr(x2, "ndim", None) == 2:
-            sums = int8_product(x1, x2, 1)
-            if sums is not None:
-                return sums
+        if _calling.direct and type(x1) is torch.Tensor and getattr(x2, "ndim", None) == 2:
+            if x1.dtype == torch.int8:
+                product = int8_product(x1, x2, 1)
+            elif x1.is_floating_point() and x1.ndim >= 2:
+                product = float_product(x1, x2, 1)
+            else:
+                product = None
+            if product is not None:
+                return product
         return keras_matmul(x1, x2)
 
     def einsum(subscripts, *operands, **kwargs):
