@@ -23,12 +23,12 @@ from keras_transformer.decoding import cross_attention_map
 from keras_transformer.decoding import greedy_search
 from keras_transformer.decoding import plot_cross_attention
 from keras_transformer.decoding import search_translations
-from keras_transformer.decoding.compiled import _ONEDNN_MIN_PRODUCT
 from keras_transformer.decoding.compiled import CompiledFunction
 from keras_transformer.decoding.compiled import _direct_layer_calls
 from keras_transformer.decoding.compiled import _TracedLoops
-from keras_transformer.decoding.compiled import _matrix_product_form
 from keras_transformer.decoding.compiled import _remembered
+from keras_transformer.torch_products import ONEDNN_MIN_PRODUCT
+from keras_transformer.torch_products import matrix_product_form
 
 SENTENCES = [
     "the old man sees the dog .",
@@ -536,7 +536,7 @@ def test_float_einsum_products_while_decoding_directly_equal_keras():
 
 def test_large_float_products_while_decoding_directly_equal_keras():
     """Under torch on the CPU, while decoding directly, float32 products of
-    at least `_ONEDNN_MIN_PRODUCT` multiply-adds go to oneDNN's linear
+    at least `ONEDNN_MIN_PRODUCT` multiply-adds go to oneDNN's linear
     operation, and smaller ones to `torch.matmul` (decoding/compiled.py);
     on every backend they must equal Keras's products, and under torch a
     loop whose body holds one must be traced, not refused."""
@@ -548,7 +548,7 @@ def test_large_float_products_while_decoding_directly_equal_keras():
     x3, row, small = floats(2, 16, 64), floats(1, 64), floats(5, 16)
     kernel, head_kernel, small_kernel = floats(64, 1024), floats(64, 16, 64), floats(16, 24)
     embeddings = keras.Variable(rng.normal(size=(32768, 64)).astype("float32"))
-    assert 32 * 64 * 1024 >= _ONEDNN_MIN_PRODUCT > 64 * 1024
+    assert 32 * 64 * 1024 >= ONEDNN_MIN_PRODUCT > 64 * 1024
 
     def products():
         return [
@@ -644,11 +644,11 @@ def test_custom_gradient_functions_while_decoding_directly_return_their_output()
 
 
 def test_matrix_product_form_of_einsum_equations():
-    assert _matrix_product_form("td,dnh->tnh") == 1
-    assert _matrix_product_form("tnh,nhd->td") == 2
-    assert _matrix_product_form("abc,cd->abd") == 1
+    assert matrix_product_form("td,dnh->tnh") == 1
+    assert matrix_product_form("tnh,nhd->td") == 2
+    assert matrix_product_form("abc,cd->abd") == 1
     for equation in ("ab,cb->ac", "ab,bc->ca", "btnh,bsnh->bnts", "a,a->", "...d,dn->...n", "ab,bc,cd->ad", "aab,bc->ac"):
-        assert _matrix_product_form(equation) is None, equation
+        assert matrix_product_form(equation) is None, equation
 
 
 def test_remembered_dtype_functions_remember_only_while_decoding_directly():

@@ -23,6 +23,8 @@ import warnings
 import keras
 import numpy as np
 
+from keras_transformer import torch_products
+
 
 class CompiledFunction:
     """`fn(*inputs)` of a model, compiled for the current backend.
@@ -150,9 +152,13 @@ class CompiledFunction:
 # - `standardize_dtype` and `to_torch_dtype` remember their answers: each
 #   operation calls them several times, always with the same few dtypes.
 # - An `einsum` of an input and a kernel in matrix-product form (each
-#   attention projection's `td,dnh->tnh`) is one 2-D `torch.matmul`:
-#   torch's `einsum` makes it a batched product, about 1.7x slower on the
+#   attention projection's `td,dnh->tnh`) is one 2-D product: torch's
+#   `einsum` makes it a batched product, about 1.7x slower on the
 #   projections of a batch of 32.
+# - A float32 product of an input and a kernel goes to oneDNN where that
+#   pays (`torch_products.matrix_product`): at batch 32 the base model's
+#   beam search took 1.9-2.0 s per batch against 3.1-3.3 through
+#   `torch.matmul` (benchmarks/README.md).
 # - An int8 by int8 `matmul` or `einsum` (Keras's int8 `Dense` and
 #   `EinsumDense`) on the CPU is one `torch._int_mm`, an int8 GEMM with
 #   int32 sums. Keras uses it on CUDA only; on the CPU it casts both to
@@ -263,7 +269,7 @@ def _install_plain_symbolic_tests():
             return _holds_keras_tensor(args) or _holds_keras_tensor(kwargs)
         return keras_test(args, kwargs)
 
-    _replace_in_modules(("keras.src.ops.", "keras.src.quantizers."), keras_test, any_symbolic_tensors)
+    torch_products.replace_in_modules(("keras.src.ops.", "keras.src.quantizers."), keras_test, any_symbolic_tensors)
 
 
 def _install_block_slice_updates():
@@ -298,7 +304,7 @@ def _install_block_slice_updates():
             return outputs
         return keras_update(inputs, start_indices, updates)
 
-    _replace_in_modules("keras.src.backend", keras_update, slice_update)
+    torch_products.replace_in_modules("keras.src.backend", keras_update, slice_update)
 
 
 _large_negatives = {}
@@ -379,7 +385,7 @@ def _install_attention_on_views():
             attn_logits_soft_cap=attn_logits_soft_cap,
         )
 
-    _replace_in_modules("keras.src.backend", keras_attention, dot_product_attention)
+    torch_products.replace_in_modules("keras.src.backend", keras_attention, dot_product_attention)
 
 
 def _install_fused_cache_attention():
@@ -413,17 +419,6 @@ def _install_fused_cache_attention():
     MultiHeadAttention._attend_to_cache = attend_to_cache
 
 
-def _replace_in_modules(prefix, original, replacement):
-    """Rebinds every module attribute that is `original`, in the modules
-    whose names start with `prefix` (a string, or a tuple of them)."""
-    for name, module in list(sys.modules.items()):
-        if not name.startswith(prefix) or module is None:
-            continue
-        for attribute, value in list(vars(module).items()):
-            if value is original:
-                setattr(module, attribute, replacement)
-
-
 def _install_tensor_passthrough():
     """Replaces torch's `convert_to_tensor` in Keras's backend modules by
     one that, while decoding directly, returns a torch tensor as it is, or
@@ -441,7 +436,7 @@ def _install_tensor_passthrough():
             return x if x.dtype == dtype else x.to(dtype)
         return keras_convert(x, dtype=dtype, sparse=sparse, ragged=ragged)
 
-    _replace_in_modules("keras.src.backend", keras_convert, convert_to_tensor)
+    torch_products.replace_in_modules("keras.src.backend", keras_convert, convert_to_tensor)
 
 
 def _remembered(function):
@@ -470,69 +465,15 @@ def _install_dtype_memos():
     from keras.src.backend.torch import core
 
     for original in (variables.standardize_dtype, core.to_torch_dtype):
-        _replace_in_modules("keras.src", original, _remembered(original))
+        torch_products.replace_in_modules("keras.src", original, _remembered(original))
 
 
 @functools.lru_cache(maxsize=64)
-def _matrix_product_form(equation):
-    """For an einsum `equation` of an input and a kernel that is a matrix
-    product (the input's trailing axes contracted with the kernel's leading
-    ones, such as `td,dnh->tnh` or `tnh,nhd->td`), the number of contracted
-    axes; otherwise None."""
-    inputs, _, output = equation.replace(" ", "").partition("->")
-    operands = inputs.split(",")
-    if len(operands) != 2 or "." in equation or not output:
-        return None
-    lhs, rhs = operands
-    letters = lhs + rhs
-    if len(set(lhs)) != len(lhs) or len(set(rhs)) != len(rhs) or len(set(output)) != len(output):
-        return None
-    contracted = len(set(lhs) & set(rhs))
-    if (
-        contracted == 0
-        or lhs[len(lhs) - contracted :] != rhs[:contracted]
-        or output != lhs[: len(lhs) - contracted] + rhs[contracted:]
-        or not set(output) <= set(letters)
-    ):
-        return None
-    return contracted
-
-
-# oneDNN's float32 product (the kernel torch's own compiler calls for
-# linear layers on the CPU) is about twice as fast as `torch.matmul`, which
-# goes to MKL, on this project's AMD CPUs: 250-450 against 100-200 GFLOP/s
-# for a decoding step's products at batch 32 (benchmarks/README.md). For
-# small products its call costs more than it saves; below this many
-# multiply-adds, and for one row unless the product is much wider than deep
-# (the logits), `torch.matmul` it is.
-_ONEDNN_MIN_PRODUCT = 2**20
-
-
-def _onednn_linear():
-    """torch's oneDNN linear operation as `linear(x [M, K], weight [N, K])`,
-    or None where this build of torch has none. It is compiled by
-    TorchScript, whose caller the loops' tracer records as one call: the
-    tracer cannot take the operation's empty list of optional scalars
-    itself."""
-    import torch
-
-    if not torch.backends.mkldnn.is_available():
-        return None
-    source = (
-        "def linear(x: Tensor, weight: Tensor) -> Tensor:\n"
-        "    no_scalars: List[Optional[number]] = []\n"
-        '    return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", no_scalars, "")\n'
-    )
-    try:
-        return torch.jit.CompilationUnit(source).linear
-    except (AttributeError, RuntimeError):
-        return None
-
-
 def _install_matrix_products():
     """Replaces torch's `matmul` and `einsum` by ones that, while decoding
     directly, compute an `einsum` of an input and a kernel in
-    matrix-product form as one 2-D product (`torch.matmul` for floats), and
+    matrix-product form as one 2-D product (for floats,
+    `torch_products.matrix_product`: oneDNN where that pays), and
     on the CPU multiply int8 by int8 (`matmul` or `einsum`) with
     `torch._int_mm`; otherwise, or if torch refuses the shapes, they are
     Keras's own."""
@@ -547,27 +488,9 @@ def _install_matrix_products():
         checked first, so that float products pay nothing more."""
         return _calling.direct and type(x) is torch.Tensor and x.dtype == torch.int8
 
-    def as_matrices(x, kernel, contracted):
-        """x `[..., K...]` and kernel `[K..., N...]` of x's dtype as `[M, K]`
-        and `[K, N]`, and the product's shape; or None."""
-        if isinstance(kernel, keras.Variable):  # Keras's layers pass their kernel
-            kernel = kernel.value
-        if not (
-            isinstance(kernel, torch.Tensor)  # a Parameter, for a kernel
-            and kernel.dtype == x.dtype
-            and x.device == kernel.device
-            and x.ndim > contracted
-            and kernel.ndim > contracted
-            and x.shape[x.ndim - contracted :] == kernel.shape[:contracted]
-        ):
-            return None
-        depth = kernel.shape[:contracted].numel()
-        shape = x.shape[: x.ndim - contracted] + kernel.shape[contracted:]
-        return x.reshape(-1, depth), kernel.reshape(depth, -1), shape
-
     def int8_product(x, kernel, contracted):
         """int8 x `[..., K...]` times kernel `[K..., N...]` in int32, or None."""
-        matrices = as_matrices(x, kernel, contracted)
+        matrices = torch_products.as_matrices(x, kernel, contracted)
         if matrices is None or x.device.type != "cpu":
             return None
         x, kernel, shape = matrices
@@ -577,32 +500,13 @@ def _install_matrix_products():
             return None
         return sums.reshape(shape)
 
-    onednn_linear = _onednn_linear()
-
-    def matrix_product(x, kernel):
-        """float x `[M, K]` times kernel `[K, N]`: through oneDNN where
-        that pays, otherwise `torch.matmul`."""
-        (rows, depth), columns = x.shape, kernel.shape[1]
-        if (
-            onednn_linear is not None
-            and x.dtype == torch.float32
-            and x.device.type == "cpu"
-            and rows * depth * columns >= _ONEDNN_MIN_PRODUCT
-            and (rows > 1 or columns >= 8 * depth)
-        ):
-            try:
-                return onednn_linear(x, kernel.t())
-            except RuntimeError:
-                pass
-        return torch.matmul(x, kernel)
-
     def float_product(x, kernel, contracted):
         """float x `[..., K...]` times kernel `[K..., N...]`, or None."""
-        matrices = as_matrices(x, kernel, contracted)
+        matrices = torch_products.as_matrices(x, kernel, contracted)
         if matrices is None:
             return None
         x, kernel, shape = matrices
-        return matrix_product(x, kernel).reshape(shape)
+        return torch_products.matrix_product(x, kernel).reshape(shape)
 
     def matmul(x1, x2):
         if _calling.direct and type(x1) is torch.Tensor and getattr(x2, "ndim", None) == 2:
@@ -619,7 +523,7 @@ def _install_matrix_products():
     def einsum(subscripts, *operands, **kwargs):
         x = operands[0] if operands else None
         if len(operands) == 2 and not kwargs and _calling.direct and type(x) is torch.Tensor:
-            contracted = _matrix_product_form(subscripts)
+            contracted = torch_products.matrix_product_form(subscripts)
             if contracted is not None:
                 if x.dtype == torch.int8:
                     product = int8_product(x, operands[1], contracted)
@@ -631,8 +535,8 @@ def _install_matrix_products():
                     return product
         return keras_einsum(subscripts, *operands, **kwargs)
 
-    _replace_in_modules("keras.src.backend", keras_matmul, matmul)
-    _replace_in_modules("keras.src.backend", keras_einsum, einsum)
+    torch_products.replace_in_modules("keras.src.backend", keras_matmul, matmul)
+    torch_products.replace_in_modules("keras.src.backend", keras_einsum, einsum)
 
 
 def _install_torch_input_quantizer():
@@ -664,7 +568,7 @@ def _install_torch_input_quantizer():
         outputs = torch.clip(torch.round(torch.multiply(inputs, scale)), low, high)
         return outputs.to(torch.int8), scale
 
-    _replace_in_modules("keras.src.quantizers", keras_quantize, abs_max_quantize)
+    torch_products.replace_in_modules("keras.src.quantizers", keras_quantize, abs_max_quantize)
 
 
 def _install_plain_custom_gradients():
@@ -686,7 +590,7 @@ def _install_plain_custom_gradients():
                 return outputs
             return output
 
-    _replace_in_modules("keras.src.backend", keras_custom_gradient, custom_gradient)
+    torch_products.replace_in_modules("keras.src.backend", keras_custom_gradient, custom_gradient)
 
 
 class _TracedLoops:
@@ -879,7 +783,7 @@ def _install_traced_loops():
         loop_vars = keras.tree.pack_sequence_as(loop_vars, list(flat))
         return loop_vars if is_tuple else loop_vars[0]
 
-    _replace_in_modules("keras.src.backend", keras_while_loop, while_loop)
+    torch_products.replace_in_modules("keras.src.backend", keras_while_loop, while_loop)
 
 
 # Under TensorFlow without XLA, Keras's int8 layers multiply int8 by int8
@@ -934,5 +838,5 @@ def _install_float_int8_products():
         return keras_einsum(subscripts, *operands, **kwargs)
 
     matmul.float_int8 = einsum.float_int8 = True
-    _replace_in_modules("keras.src.backend", keras_matmul, matmul)
-    _replace_in_modules("keras.src.backend", keras_einsum, einsum)
+    torch_products.replace_in_modules("keras.src.backend", keras_matmul, matmul)
+    torch_products.replace_in_modules("keras.src.backend", keras_einsum, einsum)

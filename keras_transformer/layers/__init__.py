@@ -1,5 +1,6 @@
 """The paper's building blocks as Keras layers, written with `keras.ops`."""
 
+from keras_transformer import torch_products
 from keras_transformer.layers.decoder_block import TransformerDecoderBlock
 from keras_transformer.layers.encoder_block import TransformerEncoderBlock
 from keras_transformer.layers.feed_forward import PositionwiseFeedForward
@@ -8,6 +9,10 @@ from keras_transformer.layers.position_embedding import LearnedPositionEmbedding
 from keras_transformer.layers.position_encoding import SinusoidalPositionEncoding
 from keras_transformer.layers.token_embedding import TokenEmbedding
 from keras_transformer.layers.transformer_block import TransformerBlock
+
+# Under torch on the CPU, the float32 products in these layers' calls run
+# through oneDNN (torch_products), about twice torch's own rate here.
+torch_products.install(MultiHeadAttention, PositionwiseFeedForward, TokenEmbedding)
 
 __all__ = [
     "LearnedPositionEmbedding",
