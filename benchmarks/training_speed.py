@@ -421,6 +421,29 @@ def torch_matmul_rate(precision, size, repeats):
     return timed_matmul_rate(torch.matmul, make_operand, wait, size, repeats)
 
 
+def onednn_matmul_rate(size, repeats):
+    """The float32 rate of torch's oneDNN linear operation on the CPU, which
+    the package's layers use under torch (keras_transformer/torch_products.py),
+    or None where torch or that operation is missing."""
+    try:
+        import torch
+
+        from keras_transformer import torch_products
+    except ImportError:
+        return None
+    linear = torch_products.onednn_linear()
+    if linear is None:
+        return None
+
+    def make_operand(size, seed):
+        return torch.randn(size, size, generator=torch.Generator().manual_seed(seed))
+
+    def wait(product):
+        product[0, 0].item()
+
+    return timed_matmul_rate(lambda a, b: linear(a, b.t()), make_operand, wait, size, repeats)
+
+
 # === The benchmark ===
 
 
@@ -525,6 +548,16 @@ def run(args):
     peak = {"keras": keras_matmul_rate(compute_dtype, matmul_size, repeats)}
     if any(contender.name == "torch" for contender, _ in contenders):
         peak["torch"] = torch_matmul_rate(args.precision, matmul_size, repeats)
+    # Under torch on the CPU the peak is the faster of torch's own product
+    # (MKL) and oneDNN's, which our layers use there; on AMD CPUs oneDNN's
+    # is about twice MKL's.
+    uses_torch = [name for name in peak if name == "torch" or keras.backend.backend() == "torch"]
+    if device == "cpu" and args.precision == "float32" and uses_torch:
+        onednn = onednn_matmul_rate(matmul_size, repeats)
+        if onednn is not None:
+            peak["oneDNN through torch"] = onednn
+            for name in uses_torch:
+                peak[name] = max(peak[name], onednn)
 
     memory = {
         "keras": PeakMemory(keras_framework, device),
