@@ -172,9 +172,12 @@ def _product(x, kernel, contracted):
     x, kernel, shape = matrices
     if not pays(x, kernel):
         return None
-    if torch.is_grad_enabled() and (x.requires_grad or kernel.requires_grad):
-        return _OneDNNProduct.apply(x, kernel).reshape(shape)
-    return _linear()(x, kernel.t()).reshape(shape)
+    try:
+        if torch.is_grad_enabled() and (x.requires_grad or kernel.requires_grad):
+            return _OneDNNProduct.apply(x, kernel).reshape(shape)
+        return _linear()(x, kernel.t()).reshape(shape)
+    except RuntimeError:  # shapes or strides this build of oneDNN refuses: Keras's product
+        return None
 
 
 _OneDNNProduct = None
