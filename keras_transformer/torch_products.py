@@ -21,10 +21,11 @@ oneDNN already, and XLA's products under JAX run at 300-430 GFLOP/s.
 """
 
 import functools
-import sys
 import threading
 
 import keras
+
+from keras_transformer import environment
 
 # Below this many multiply-adds, and for one row unless the product is much
 # wider than deep (the logits of a single sentence), `torch.matmul` is as
@@ -87,6 +88,7 @@ def matrix_product(x, kernel):
     return torch.matmul(x, kernel)
 
 
+@functools.lru_cache(maxsize=64)
 def matrix_product_form(equation):
     """For an einsum `equation` of an input and a kernel that is a matrix
     product (the input's trailing axes contracted with the kernel's leading
@@ -132,6 +134,7 @@ def as_matrices(x, kernel, contracted):
     return x.reshape(-1, depth), kernel.reshape(depth, -1), shape
 
 
+@functools.cache
 def _product_with_gradients():
     """The autograd function of x `[M, K]` times kernel `[K, N]` through
     oneDNN: y = x W, dL/dx = dL/dy W^T, dL/dW = x^T dL/dy, each one oneDNN
@@ -174,32 +177,17 @@ def _product(x, kernel, contracted):
         return None
     try:
         if torch.is_grad_enabled() and (x.requires_grad or kernel.requires_grad):
-            return _OneDNNProduct.apply(x, kernel).reshape(shape)
+            return _product_with_gradients().apply(x, kernel).reshape(shape)
         return _linear()(x, kernel.t()).reshape(shape)
     except RuntimeError:  # shapes or strides this build of oneDNN refuses: Keras's product
         return None
 
 
-_OneDNNProduct = None
-
-
-def replace_in_modules(prefix, original, replacement):
-    """Rebinds every module attribute that is `original`, in the modules
-    whose names start with `prefix` (a string, or a tuple of them)."""
-    for name, module in list(sys.modules.items()):
-        if not name.startswith(prefix) or module is None:
-            continue
-        for attribute, value in list(vars(module).items()):
-            if value is original:
-                setattr(module, attribute, replacement)
-
 
 @functools.cache
 def _install_products():
-    global _OneDNNProduct
     from keras.src.backend.torch import numpy as torch_numpy
 
-    _OneDNNProduct = _product_with_gradients()
     keras_matmul = torch_numpy.matmul
     keras_einsum = torch_numpy.einsum
 
@@ -219,8 +207,8 @@ def _install_products():
                     return product
         return keras_einsum(subscripts, *operands, **kwargs)
 
-    replace_in_modules("keras.src.backend", keras_matmul, matmul)
-    replace_in_modules("keras.src.backend", keras_einsum, einsum)
+    environment.replace_in_modules("keras.src.backend", keras_matmul, matmul)
+    environment.replace_in_modules("keras.src.backend", keras_einsum, einsum)
 
 
 def install(*layer_classes):

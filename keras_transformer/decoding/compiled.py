@@ -14,8 +14,6 @@ model's layers directly (see `_direct_layer_calls`); the body of each
 
 import collections
 import contextlib
-import functools
-import sys
 import threading
 import types
 import warnings
@@ -23,6 +21,7 @@ import warnings
 import keras
 import numpy as np
 
+from keras_transformer import environment
 from keras_transformer import torch_products
 
 
@@ -269,7 +268,7 @@ def _install_plain_symbolic_tests():
             return _holds_keras_tensor(args) or _holds_keras_tensor(kwargs)
         return keras_test(args, kwargs)
 
-    torch_products.replace_in_modules(("keras.src.ops.", "keras.src.quantizers."), keras_test, any_symbolic_tensors)
+    environment.replace_in_modules(("keras.src.ops.", "keras.src.quantizers."), keras_test, any_symbolic_tensors)
 
 
 def _install_block_slice_updates():
@@ -304,7 +303,7 @@ def _install_block_slice_updates():
             return outputs
         return keras_update(inputs, start_indices, updates)
 
-    torch_products.replace_in_modules("keras.src.backend", keras_update, slice_update)
+    environment.replace_in_modules("keras.src.backend", keras_update, slice_update)
 
 
 _large_negatives = {}
@@ -385,7 +384,7 @@ def _install_attention_on_views():
             attn_logits_soft_cap=attn_logits_soft_cap,
         )
 
-    torch_products.replace_in_modules("keras.src.backend", keras_attention, dot_product_attention)
+    environment.replace_in_modules("keras.src.backend", keras_attention, dot_product_attention)
 
 
 def _install_fused_cache_attention():
@@ -436,7 +435,7 @@ def _install_tensor_passthrough():
             return x if x.dtype == dtype else x.to(dtype)
         return keras_convert(x, dtype=dtype, sparse=sparse, ragged=ragged)
 
-    torch_products.replace_in_modules("keras.src.backend", keras_convert, convert_to_tensor)
+    environment.replace_in_modules("keras.src.backend", keras_convert, convert_to_tensor)
 
 
 def _remembered(function):
@@ -465,10 +464,9 @@ def _install_dtype_memos():
     from keras.src.backend.torch import core
 
     for original in (variables.standardize_dtype, core.to_torch_dtype):
-        torch_products.replace_in_modules("keras.src", original, _remembered(original))
+        environment.replace_in_modules("keras.src", original, _remembered(original))
 
 
-@functools.lru_cache(maxsize=64)
 def _install_matrix_products():
     """Replaces torch's `matmul` and `einsum` by ones that, while decoding
     directly, compute an `einsum` of an input and a kernel in
@@ -535,8 +533,8 @@ def _install_matrix_products():
                     return product
         return keras_einsum(subscripts, *operands, **kwargs)
 
-    torch_products.replace_in_modules("keras.src.backend", keras_matmul, matmul)
-    torch_products.replace_in_modules("keras.src.backend", keras_einsum, einsum)
+    environment.replace_in_modules("keras.src.backend", keras_matmul, matmul)
+    environment.replace_in_modules("keras.src.backend", keras_einsum, einsum)
 
 
 def _install_torch_input_quantizer():
@@ -568,7 +566,7 @@ def _install_torch_input_quantizer():
         outputs = torch.clip(torch.round(torch.multiply(inputs, scale)), low, high)
         return outputs.to(torch.int8), scale
 
-    torch_products.replace_in_modules("keras.src.quantizers", keras_quantize, abs_max_quantize)
+    environment.replace_in_modules("keras.src.quantizers", keras_quantize, abs_max_quantize)
 
 
 def _install_plain_custom_gradients():
@@ -590,7 +588,7 @@ def _install_plain_custom_gradients():
                 return outputs
             return output
 
-    torch_products.replace_in_modules("keras.src.backend", keras_custom_gradient, custom_gradient)
+    environment.replace_in_modules("keras.src.backend", keras_custom_gradient, custom_gradient)
 
 
 class _TracedLoops:
@@ -783,7 +781,7 @@ def _install_traced_loops():
         loop_vars = keras.tree.pack_sequence_as(loop_vars, list(flat))
         return loop_vars if is_tuple else loop_vars[0]
 
-    torch_products.replace_in_modules("keras.src.backend", keras_while_loop, while_loop)
+    environment.replace_in_modules("keras.src.backend", keras_while_loop, while_loop)
 
 
 # Under TensorFlow without XLA, Keras's int8 layers multiply int8 by int8
@@ -838,5 +836,5 @@ def _install_float_int8_products():
         return keras_einsum(subscripts, *operands, **kwargs)
 
     matmul.float_int8 = einsum.float_int8 = True
-    torch_products.replace_in_modules("keras.src.backend", keras_matmul, matmul)
-    torch_products.replace_in_modules("keras.src.backend", keras_einsum, einsum)
+    environment.replace_in_modules("keras.src.backend", keras_matmul, matmul)
+    environment.replace_in_modules("keras.src.backend", keras_einsum, einsum)
