@@ -30,8 +30,8 @@ def test_one_tiny_step_reports_tokens_per_second(tmp_path):
     # keras-hub's model is left out to stay within seconds: its compile would
     # double the time. The next test builds it.
     result = subprocess.run(
-        [sys.executable, SCRIPT, "--size", "tiny", "--steps", "1", "--rounds", "1",
-         "--contenders", "torch", "--out", str(out)],
+        [sys.executable, SCRIPT, "--size", "tiny", "--batch-size", "3", "--steps", "1",
+         "--rounds", "1", "--contenders", "torch", "--out", str(out)],
         env=dict(os.environ, KERAS_BACKEND=keras.backend.backend(), TF_CPP_MIN_LOG_LEVEL="3"),
         capture_output=True, text=True, timeout=300,
     )
@@ -39,6 +39,8 @@ def test_one_tiny_step_reports_tokens_per_second(tmp_path):
     report = json.loads(out.read_text())
     ours = report["contenders"]["ours"]
     assert report["keras_backend"] == keras.backend.backend()
+    assert report["shape"]["batch_size"] == 3  # --batch-size replaces the size's 2
+    assert report["matmul_flops_per_step"] == benchmark_flops(report["shape"])
     assert ours["target_tokens_per_second"] > 0
     assert ours["mfu"] > 0
     if "torch" in report["contenders"]:
@@ -46,6 +48,10 @@ def test_one_tiny_step_reports_tokens_per_second(tmp_path):
     else:
         assert report["skipped"]["torch"]
     assert "| ours" in result.stdout
+
+
+def benchmark_flops(shape):
+    return load_benchmark().matmul_flops(**shape)
 
 
 def test_contenders_have_our_size():
