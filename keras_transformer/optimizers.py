@@ -19,12 +19,26 @@ class Adam(keras.optimizers.Adam):
         v <- beta_2 v + (1 - beta_2) g^2
         w <- w - lr sqrt(1 - beta_2^t) / (1 - beta_1^t) * m / (sqrt(v) + eps)
 
-    in one pass. Other backends, sparse gradients and `amsgrad` take Keras's
-    update; JAX's compiler fuses it anyway.
+    in one pass. Under torch, all variables are updated together, with
+    Keras's own torch Adam (torch's `_foreach` operations), which Keras gives
+    to `keras.optimizers.Adam` but not to a subclass: its per-variable update
+    launches a dozen operations per variable and, on a GPU, copies each
+    Python constant to the device. Under JAX, sparse gradients and `amsgrad`
+    (TensorFlow) take Keras's update; JAX's compiler fuses it anyway.
 
     Args:
         Those of `keras.optimizers.Adam`.
     """
+
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        if keras.backend.backend() == "torch":
+            import torch
+            from keras.src.backend.torch.optimizers import torch_adam
+
+            with torch.no_grad():
+                torch_adam.Adam._parallel_update_step(self, grads, trainable_variables, learning_rate)
+            return
+        super()._backend_update_step(grads, trainable_variables, learning_rate)
 
     def update_step(self, gradient, variable, learning_rate):
         if keras.backend.backend() != "tensorflow" or self.amsgrad:

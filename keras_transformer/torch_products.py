@@ -167,7 +167,8 @@ def _product(x, kernel, contracted):
     apply or pay."""
     import torch
 
-    if type(x) is not torch.Tensor or not x.is_floating_point():
+    # On an accelerator the products stay torch's, before any reshaping.
+    if type(x) is not torch.Tensor or not x.is_floating_point() or x.device.type != "cpu":
         return None
     matrices = as_matrices(x, kernel, contracted)
     if matrices is None:

@@ -88,7 +88,8 @@ def test_rejects_non_positive_arguments(arguments, named):
 
 @pytest.mark.parametrize("amsgrad", [False, True])
 def test_adam_updates_as_keras_adam_does(amsgrad):
-    """Our Adam (one kernel per variable under TensorFlow) against Keras's."""
+    """Our Adam (one kernel per variable under TensorFlow, all variables at
+    once under torch) against Keras's."""
     rng = np.random.default_rng(0)
     start = [rng.normal(size=(4, 3)).astype("float32"), rng.normal(size=3).astype("float32")]
     grads = [[rng.normal(size=w.shape).astype("float32") for w in start] for _ in range(5)]
@@ -108,6 +109,25 @@ def test_adam_updates_as_keras_adam_does(amsgrad):
     assert not np.allclose(ours[0], start[0])
     for mine, theirs in zip(ours, reference):
         np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="torch's _foreach operations")
+def test_under_torch_adam_updates_all_variables_at_once():
+    """One update of many variables runs as a few `_foreach` operations, not
+    a dozen operations per variable (Keras's update for an Adam subclass)."""
+    import torch
+
+    variables = [keras.Variable(np.full((3, 2), i, "float32")) for i in range(40)]
+    optimizer = transformer_adam(16, warmup_steps=10)
+    optimizer.build(variables)
+    grads = [keras.ops.ones((3, 2)) for _ in variables]
+    with torch.profiler.profile() as profile:
+        optimizer.apply_gradients(zip(grads, variables))
+    names = [event.name for event in profile.events()]
+    assert names.count("aten::_foreach_add_") >= 3
+    # beta_1^t and beta_2^t (and the schedule's powers) once, not per variable.
+    assert names.count("aten::pow") < 10
+    assert not np.allclose(to_numpy(variables[1]), 1.0)
 
 
 def test_paper_adam_is_ours_and_round_trips():

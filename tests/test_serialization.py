@@ -46,6 +46,10 @@ def _layer_model(layer, *input_shapes, dtype="float32", **call_kwargs):
             [np.linspace(-1, 1, 2 * 5 * D).reshape(2, 5, D)],
         ),
         (
+            lambda: _layer_model(layers.Dropout(0.2, seed=5), (5, D)),
+            [np.linspace(-1, 1, 2 * 5 * D).reshape(2, 5, D)],
+        ),
+        (
             lambda: _layer_model(
                 layers.TransformerEncoderBlock(4, 32, normalize_first=True), (5, D)
             ),
@@ -56,7 +60,7 @@ def _layer_model(layer, *input_shapes, dtype="float32", **call_kwargs):
             [np.linspace(-1, 1, 2 * 5 * D).reshape(2, 5, D), np.ones((2, 7, D))],
         ),
     ],
-    ids=["attention", "position", "embedding", "feed_forward", "encoder", "decoder"],
+    ids=["attention", "position", "embedding", "feed_forward", "dropout", "encoder", "decoder"],
 )
 def test_layers_survive_keras_save_and_load(make_model, inputs, tmp_path):
     model = make_model()

@@ -2,6 +2,7 @@
 
 from keras_transformer import torch_products
 from keras_transformer.layers.decoder_block import TransformerDecoderBlock
+from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.encoder_block import TransformerEncoderBlock
 from keras_transformer.layers.feed_forward import PositionwiseFeedForward
 from keras_transformer.layers.multi_head_attention import MultiHeadAttention
@@ -15,6 +16,7 @@ from keras_transformer.layers.transformer_block import TransformerBlock
 torch_products.install(MultiHeadAttention, PositionwiseFeedForward, TokenEmbedding)
 
 __all__ = [
+    "Dropout",
     "LearnedPositionEmbedding",
     "MultiHeadAttention",
     "PositionwiseFeedForward",

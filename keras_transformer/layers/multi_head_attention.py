@@ -5,7 +5,9 @@ import math
 import keras
 from keras import ops
 
+from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.utils import clone_initializer
+from keras_transformer.torch_shapes import reshape
 
 
 class _ConcatenatedHeadsDense(keras.layers.EinsumDense):
@@ -29,8 +31,8 @@ class _ConcatenatedHeadsDense(keras.layers.EinsumDense):
     def call(self, inputs, training=None):
         kernel = self.kernel
         num_heads, head_dim, d_model = kernel.shape
-        concatenated = ops.reshape(inputs, (-1, num_heads * head_dim))
-        x = ops.matmul(concatenated, ops.reshape(kernel, (num_heads * head_dim, d_model)))
+        concatenated = reshape(inputs, (-1, num_heads * head_dim))
+        x = ops.matmul(concatenated, reshape(kernel, (num_heads * head_dim, d_model)))
         if self.bias is not None:
             x = ops.add(x, self.bias)
         return x
@@ -212,7 +214,7 @@ class MultiHeadAttention(keras.layers.Layer):
             "tnh,nhd->td", (d_model,), "d", "attention_output", _ConcatenatedHeadsDense
         )
         self.output_dense.build((None, self.num_heads, self._value_dim))
-        self.attention_dropout = keras.layers.Dropout(
+        self.attention_dropout = Dropout(
             self.dropout,
             seed=self.seed,
             dtype=self.dtype_policy,
@@ -250,8 +252,8 @@ class MultiHeadAttention(keras.layers.Layer):
         fifth of the time of a base-size training step on a CPU.)
         """
         batch_and_length = tuple(ops.shape(x)[:2])
-        projected = projection(ops.reshape(x, (-1,) + tuple(x.shape[2:])))
-        return ops.reshape(projected, batch_and_length + tuple(projected.shape[1:]))
+        projected = projection(reshape(x, (-1,) + tuple(x.shape[2:])))
+        return reshape(projected, batch_and_length + tuple(projected.shape[1:]))
 
     def call(
         self,

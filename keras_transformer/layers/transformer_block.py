@@ -2,6 +2,7 @@
 
 import keras
 
+from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.feed_forward import PositionwiseFeedForward
 from keras_transformer.layers.multi_head_attention import MultiHeadAttention
 from keras_transformer.layers.utils import clone_initializer
@@ -107,7 +108,7 @@ class TransformerBlock(keras.layers.Layer):
         return norm
 
     def _dropout(self, name):
-        return keras.layers.Dropout(
+        return Dropout(
             self.dropout, seed=self._next_seed(), dtype=self.dtype_policy, name=name
         )
 

@@ -14,6 +14,7 @@ from keras_transformer.checks import check_ids_on_host
 from keras_transformer.checks import check_model_data
 from keras_transformer.checks import check_model_inputs
 from keras_transformer.checks import ids_checked_on_host
+from keras_transformer.layers import Dropout
 from keras_transformer.layers import LearnedPositionEmbedding
 from keras_transformer.layers import SinusoidalPositionEncoding
 from keras_transformer.layers import TokenEmbedding
@@ -183,10 +184,10 @@ class Transformer(keras.Model):
             self.target_position_encoding = LearnedPositionEmbedding(
                 int(max_length), dtype=dtype, name="target_position_embedding"
             )
-        self.source_dropout = keras.layers.Dropout(
+        self.source_dropout = Dropout(
             dropout, seed=seed, dtype=dtype, name="source_dropout"
         )
-        self.target_dropout = keras.layers.Dropout(
+        self.target_dropout = Dropout(
             dropout, seed=seed + 1, dtype=dtype, name="target_dropout"
         )
         block_arguments = {

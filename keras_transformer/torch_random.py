@@ -1,0 +1,91 @@
+"""Seeded dropout under torch on an accelerator, without waiting for it.
+
+Keras's seeded `Dropout` keeps its stream's position (a `SeedGenerator`'s
+two counters) in a variable on the default device, and under torch each
+call reads the next seed back as a Python integer to seed a
+`torch.Generator`. On a GPU that read waits for all the work queued before
+it, and the counters' step copies a constant to the device: a training step
+of the small model stops the host 17 times that way, where Keras's torch
+backend has no time to lose (it keeps the GPU fed one operation at a time).
+
+This is the one module that knows it:
+
+- `host_stream_scope()`: the seed streams created inside it keep their
+  counters in host memory (under torch; elsewhere nothing changes).
+- `dropout(inputs, rate, noise_shape, seed_generator)`: under torch, with
+  the counters in host memory, the seed is drawn there and the mask on the
+  inputs' device, with Keras's own operations, so that the mask is the one
+  Keras's dropout draws from the same seed. Everywhere else, and for an
+  unseeded stream (torch's own fused dropout), it is Keras's dropout.
+"""
+
+import contextlib
+import functools
+
+import keras
+
+
+def host_stream_scope():
+    """A context in which new seed streams keep their counters on the host."""
+    if keras.backend.backend() != "torch":
+        return contextlib.nullcontext()
+    return keras.device("cpu")
+
+
+def dropout(inputs, rate, noise_shape, seed_generator):
+    """`inputs` with each entry zeroed with probability `rate` and the rest
+    scaled by 1 / (1 - rate), the mask drawn from `seed_generator`'s next seed
+    (Keras's `keras.random.dropout`)."""
+    if keras.backend.backend() == "torch" and noise_shape is None and 0.0 < rate < 1.0:
+        import torch
+
+        if (
+            type(inputs) is torch.Tensor
+            and inputs.device.type != "meta"
+            and seed_generator._initial_seed is not None
+            and seed_generator.state.value.device.type == "cpu"
+        ):
+            return _dropout_with_host_seed(inputs, rate, seed_generator)
+    return keras.random.dropout(inputs, rate, noise_shape=noise_shape, seed=seed_generator)
+
+
+def next_seed(seed_generator):
+    """The 32-bit seed of the stream's next draw, as Keras's torch backend
+    derives it from the two counters (their int32 sum, as uint32), and the
+    stream advanced by one draw (the second counter plus one, in int32)."""
+    import torch
+
+    from keras.src.backend.common.stateless_scope import in_stateless_scope
+
+    if in_stateless_scope():  # the counters' value is the scope's: Keras's draw
+        with keras.device("cpu"):
+            first, second = seed_generator.next()
+            return int(first + second) & 0xFFFFFFFF
+    counters = seed_generator.state.value  # int32 [2], in host memory
+    first, second = counters.tolist()
+    with torch.no_grad():
+        counters[1] += 1
+    return (first + second) & 0xFFFFFFFF
+
+
+@functools.cache
+def _dropout_with_host_seed_function():
+    import torch
+    import torch._dynamo
+
+    # torch's compiler does not take generators (as Keras's backend notes).
+    @torch._dynamo.disable
+    def dropout_with_host_seed(inputs, rate, seed_generator):
+        generator = torch.Generator(device=inputs.device)
+        generator.manual_seed(next_seed(seed_generator))
+        keep_probability = 1.0 - rate
+        keep = torch.bernoulli(
+            torch.full(inputs.shape, keep_probability, device=inputs.device), generator=generator
+        ).bool()
+        return torch.where(keep, inputs / keep_probability, torch.zeros_like(inputs))
+
+    return dropout_with_host_seed
+
+
+def _dropout_with_host_seed(inputs, rate, seed_generator):
+    return _dropout_with_host_seed_function()(inputs, rate, seed_generator)
