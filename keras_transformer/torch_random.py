@@ -13,8 +13,9 @@ This is the one module that knows it:
 - `host_stream_scope()`: the seed streams created inside it keep their
   counters in host memory (under torch; elsewhere nothing changes).
 - `dropout(inputs, rate, noise_shape, seed_generator)`: under torch, with
-  the counters in host memory, the seed is drawn there and the mask on the
-  inputs' device, with Keras's own operations, so that the mask is the one
+  the counters in host memory, the seed is drawn there (the sum of the two
+  counters, as Keras derives it) and the mask on the inputs' device, with
+  the operations Keras's torch dropout runs, so that the mask is the one
   Keras's dropout draws from the same seed. Everywhere else, and for an
   unseeded stream (torch's own fused dropout), it is Keras's dropout.
 """
