@@ -24,6 +24,10 @@ import contextlib
 import functools
 
 import keras
+from keras.src.backend.common.stateless_scope import in_stateless_scope
+
+if keras.backend.backend() == "torch":
+    import torch
 
 
 def host_stream_scope():
@@ -37,16 +41,16 @@ def dropout(inputs, rate, noise_shape, seed_generator):
     """`inputs` with each entry zeroed with probability `rate` and the rest
     scaled by 1 / (1 - rate), the mask drawn from `seed_generator`'s next seed
     (Keras's `keras.random.dropout`)."""
-    if keras.backend.backend() == "torch" and noise_shape is None and 0.0 < rate < 1.0:
-        import torch
-
-        if (
-            type(inputs) is torch.Tensor
-            and inputs.device.type != "meta"
-            and seed_generator._initial_seed is not None
-            and seed_generator.state.value.device.type == "cpu"
-        ):
-            return _dropout_with_host_seed(inputs, rate, seed_generator)
+    if (
+        keras.backend.backend() == "torch"
+        and noise_shape is None
+        and 0.0 < rate < 1.0
+        and type(inputs) is torch.Tensor
+        and inputs.device.type != "meta"
+        and seed_generator._initial_seed is not None
+        and seed_generator.state.value.device.type == "cpu"
+    ):
+        return _dropout_with_host_seed()(inputs, rate, seed_generator)
     return keras.random.dropout(inputs, rate, noise_shape=noise_shape, seed=seed_generator)
 
 
@@ -54,10 +58,6 @@ def next_seed(seed_generator):
     """The 32-bit seed of the stream's next draw, as Keras's torch backend
     derives it from the two counters (their int32 sum, as uint32), and the
     stream advanced by one draw (the second counter plus one, in int32)."""
-    import torch
-
-    from keras.src.backend.common.stateless_scope import in_stateless_scope
-
     if in_stateless_scope():  # the counters' value is the scope's: Keras's draw
         with keras.device("cpu"):
             first, second = seed_generator.next()
@@ -70,8 +70,8 @@ def next_seed(seed_generator):
 
 
 @functools.cache
-def _dropout_with_host_seed_function():
-    import torch
+def _dropout_with_host_seed():
+    """The host-seeded dropout, made once (torch._dynamo loads on first use)."""
     import torch._dynamo
 
     # torch's compiler does not take generators (as Keras's backend notes).
@@ -86,7 +86,3 @@ def _dropout_with_host_seed_function():
         return torch.where(keep, inputs / keep_probability, torch.zeros_like(inputs))
 
     return dropout_with_host_seed
-
-
-def _dropout_with_host_seed(inputs, rate, seed_generator):
-    return _dropout_with_host_seed_function()(inputs, rate, seed_generator)

@@ -62,7 +62,10 @@ def test_the_model_s_dropouts_are_ours():
     assert all(type(layer) is layers.Dropout for layer in dropouts)
 
 
-@pytest.mark.skipif(keras.backend.backend() != "torch", reason="the streams' placement is torch's concern")
+@pytest.mark.skipif(
+    keras.backend.backend() != "torch",
+    reason="only the torch backend moves the seed streams to the host; TensorFlow and JAX keep Keras's placement",
+)
 def test_under_torch_the_streams_live_on_the_host_whatever_the_default_device():
     import torch
 
@@ -77,7 +80,10 @@ def test_under_torch_the_streams_live_on_the_host_whatever_the_default_device():
     assert dropout.seed_generator.state.value.device == torch.device("cpu")
 
 
-@pytest.mark.skipif(keras.backend.backend() != "torch", reason="torch's fused dropout is torch's")
+@pytest.mark.skipif(
+    keras.backend.backend() != "torch",
+    reason="profiles torch's own fused dropout kernel, which only the torch backend calls",
+)
 def test_under_torch_an_unseeded_dropout_stays_torch_s_fused_one():
     import torch
 
