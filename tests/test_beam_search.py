@@ -276,6 +276,85 @@ def test_a_state_that_grows_in_phases_gives_the_search_of_a_whole_one(beam_size)
     np.testing.assert_allclose(to_numpy(got[1]), to_numpy(expected[1]), rtol=1e-6)
 
 
+@pytest.mark.parametrize("phases", [None, (3, 6, 9)])
+def test_two_steps_an_iteration_give_the_search_of_one(phases):
+    """`steps_per_iteration=2` runs the steps of `beam_search` in pairs,
+    testing the condition between pairs only. The search must be the same:
+    a second-order model reading its state (reordered at every step, in
+    buffers that grow in phases of 3, odd, so that single steps end each
+    phase), four sentences with their own first tokens and limits, which
+    end at different steps, the search after 7 steps, so that the last
+    pair's second step runs after every sentence is done, and must change
+    nothing."""
+    rng = np.random.default_rng(11)
+    probs = rng.dirichlet(np.full(V, 0.5), size=(V, V))
+    probs[..., EOS] *= 2.0
+    table = ops.convert_to_tensor(np.log(probs / probs.sum(-1, keepdims=True)).astype("float32"))
+    steps_run = []
+
+    def step_fn(ids, index, buffer):
+        steps_run.append(index)
+        n = ops.shape(ids)[0]
+        last = ops.slice(ids, [0, index], [n, 1])
+        before = ops.slice(buffer, [0, ops.maximum(index - 1, 0)], [n, 1])
+        logits = ops.take(ops.reshape(table, (V * V, V)), (before * V + last)[:, 0], axis=0)
+        return logits, ops.slice_update(buffer, [0, index], last)
+
+    def grow(buffer, length):
+        return ops.pad(buffer, [[0, 0], [0, length - ops.shape(buffer)[1]]])
+
+    def run(steps):
+        steps_run.clear()
+        with eager_loops():
+            found = beam_search(
+                step_fn, ops.array([BOS, A, B, C], "int32"),
+                ops.full((4, 9 if phases is None else 3), BOS, dtype="int32"),
+                beam_size=3, max_length=9, eos_id=EOS,
+                sentence_max_length=ops.array([9, 5, 8, 9], "int32"),
+                state_lengths=phases, grow_state=None if phases is None else grow,
+                steps_per_iteration=steps,
+            )  # fmt: skip
+        return len(steps_run), to_numpy(found[0]), to_numpy(found[1])
+
+    (one_steps, *expected), (two_steps, *got) = run(1), run(2)
+    ends = [decoded(row) for row in expected[0][:, 0]]
+    assert len({len(tokens) for tokens in ends}) > 2, ends  # the premises
+    assert (one_steps, two_steps) == (7, 8)
+    np.testing.assert_array_equal(got[0], expected[0])
+    np.testing.assert_array_equal(got[1], expected[1])
+
+
+def test_two_steps_an_iteration_stop_at_the_pair_that_ends_the_search():
+    # A model that allows "a c EOS" and "b d EOS" only: after 3 steps both
+    # have ended and nothing is alive, so one step an iteration runs 3
+    # steps, two run 4, and the fourth must not touch the third, empty,
+    # hypothesis, which is filled from the alive ones. (After EOS, d is
+    # the likeliest of the impossible tokens: a fourth step that extended
+    # the alive ones would write it.)
+    table = np.full((V, V), -1.0e9, "float32")
+    for last, following, p in ((BOS, A, 0.6), (BOS, B, 0.4), (A, C, 1), (B, D, 1), (C, EOS, 1), (D, EOS, 1)):
+        table[last, following] = np.log(p)
+    table[EOS, D] = -6.0e8
+    results = {}
+    for steps in (1, 2):
+        calls = []
+
+        def counting_step(ids, index, state):
+            calls.append(index)
+            return markov_step(table)(ids, index, state)
+
+        with eager_loops():
+            ids, scores = beam_search(
+                counting_step, ops.full((1,), BOS, dtype="int32"), dummy_state(1),
+                beam_size=3, alpha=0.6, max_length=20, eos_id=EOS, steps_per_iteration=steps,
+            )  # fmt: skip
+        results[steps] = (len(calls), to_numpy(ids), to_numpy(scores))
+    assert results[1][0] == 3 and results[2][0] == 4
+    assert [decoded(row) for row in results[2][1][0][:2]] == [[A, C, EOS], [B, D, EOS]]
+    np.testing.assert_array_equal(results[2][1], results[1][1])
+    np.testing.assert_array_equal(results[2][2], results[1][2])
+
+
 def test_bad_state_lengths_are_rejected():
     def run(lengths, grow=lambda state, length: state):
         return beam_search(
@@ -334,6 +413,12 @@ def test_bad_arguments_are_rejected():
     for alpha in (-1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match=f"alpha must be a finite number >= 0.*Received: alpha={alpha}"):
             search(LENGTH_PENALTY_TABLE, beam_size=2, alpha=alpha, max_length=4)
+    for steps in (0, 1.5, True):
+        with pytest.raises(ValueError, match=f"steps_per_iteration must be an integer >= 1.*Received: steps_per_iteration={steps}"):
+            beam_search(
+                markov_step(LENGTH_PENALTY_TABLE), ops.full((1,), BOS, dtype="int32"), dummy_state(1),
+                beam_size=2, max_length=4, eos_id=EOS, steps_per_iteration=steps,
+            )  # fmt: skip
 
 
 class eager_loops:

@@ -1,6 +1,7 @@
 """Translator, the model's cached step function, the CLI and attention plots."""
 
 import collections
+import importlib
 import itertools
 import os
 import subprocess
@@ -220,6 +221,48 @@ def test_the_compiled_search_equals_the_search_through_keras_layer_calls(model, 
         phases = len(kt.decoding.cache_lengths(width + 6) or [width + 6])
         assert phases > 1  # the premise: the caches grow
         assert translator._search.loops.count == 2 * phases
+
+
+@pytest.mark.parametrize("ending", ["eos", "limits"])
+def test_a_compiled_search_pairs_its_steps_under_xla_for_a_large_cache(model, tokenizer, monkeypatch, ending):
+    """Under XLA (JAX, TensorFlow with `jit_compile`) a beam search whose
+    cache reaches `PAIRED_STEPS_CACHE_BYTES` runs two steps an iteration;
+    its beams and scores must be those of one step an iteration. The
+    outputs end at different steps, at EOS, or at their own limits, past
+    the first phase of the growing caches (no token is EOS)."""
+    translator_module = importlib.import_module("keras_transformer.decoding.translator")
+    sentences = [s for s in SENTENCES if s.strip()]
+    source_ids = source_batch(tokenizer, sentences)
+    limits = (np.arange(len(source_ids), dtype="int32") % 4) + source_ids.shape[1] + 2
+    assert kt.decoding.cache_lengths(source_ids.shape[1] + 6) is not None  # the premise
+    decide, decisions = translator_module.search_steps_per_iteration, []
+
+    def deciding(*args):
+        decisions.append(decide(*args))
+        return decisions[-1]
+
+    def search(source, limit):
+        with monkeypatch.context() as patch:
+            patch.setattr(translator_module, "search_steps_per_iteration", deciding)
+            return search_translations(
+                model, source, limit, beam_size=3, alpha=0.6, max_extra_length=6,
+                bos_id=tokenizer.bos_id, eos_id=eos_id,
+            )  # fmt: skip
+
+    eos_id = tokenizer.eos_id if ending == "eos" else -1
+    backend = keras.backend.backend()
+    results = []
+    for threshold in (2**62, 0):
+        monkeypatch.setattr(translator_module, "PAIRED_STEPS_CACHE_BYTES", threshold)
+        compiled = CompiledFunction(search, model, [2, 1], jit_compile=backend == "tensorflow")
+        results.append(compiled(source_ids, limits))
+    assert decisions == [1, 1 if backend == "torch" else 2]
+    lengths = [np.count_nonzero(row) for row in results[0][0][:, 0]]
+    assert len(set(lengths)) > 1, lengths  # the premises
+    if ending == "limits":
+        assert max(lengths) > translator_module.FIRST_CACHE_LENGTH, lengths
+    np.testing.assert_array_equal(results[1][0], results[0][0])
+    np.testing.assert_allclose(results[1][1], results[0][1], atol=1e-5)
 
 
 def test_a_mixed_precision_model_decodes_through_keras_layer_calls():

@@ -106,7 +106,9 @@ def check_state_lengths(state_lengths, grow_state, max_length):
         )
 
 
-def while_in_phases(condition, body, search, state_lengths, grow_state):
+def while_in_phases(
+    condition, body, search, state_lengths, grow_state, steps_per_iteration=1, max_length=None
+):
     """`ops.while_loop(condition, body, search)`, run in phases over a state
     that grows.
 
@@ -119,6 +121,12 @@ def while_in_phases(condition, body, search, state_lengths, grow_state):
     its own, with its own shapes, so a compiled search compiles one loop body
     per phase.
 
+    With `steps_per_iteration` n > 1, each phase first runs n steps per
+    iteration while n more steps fit in the phase and in `max_length`, then
+    single steps. The condition is tested before each iteration, not
+    between its steps, so `body` must leave a search that `condition`
+    ended as it is.
+
     Args:
         condition, body: as for `ops.while_loop`, over the dict `search`.
         search: the loop variables, a dict with the step about to run at
@@ -126,16 +134,35 @@ def while_in_phases(condition, body, search, state_lengths, grow_state):
         state_lengths: None (one loop), or increasing lengths, the state
             given holding the first.
         grow_state: `grow_state(state, length)`.
+        steps_per_iteration: n, an int.
+        max_length: the most steps (an int), with `steps_per_iteration`.
     """
-    if state_lengths is None:
-        return ops.while_loop(condition, body, search)
-    for phase, length in enumerate(state_lengths):
+    limits = [max_length] if state_lengths is None else list(state_lengths)
+    for phase, length in enumerate(limits):
         if phase:
             search = {**search, "state": grow_state(search["state"], length)}
+        if state_lengths is None and steps_per_iteration == 1:
+            return ops.while_loop(condition, body, search)
 
-        def in_phase(search, length=length):
-            return ops.logical_and(condition(search), ops.less(search["index"], length))
+        def in_phase(search, steps=1, length=length):
+            end = length if steps_per_iteration == 1 else min(length, max_length)
+            return ops.logical_and(
+                condition(search), ops.less_equal(search["index"] + steps, end)
+            )
 
+        start = 0 if phase == 0 else limits[phase - 1]
+        if steps_per_iteration > 1:
+
+            def steps(search):
+                for _ in range(steps_per_iteration):
+                    search = body(search)
+                return search
+
+            search = ops.while_loop(
+                lambda search: in_phase(search, steps_per_iteration), steps, search
+            )
+            if (min(length, max_length) - start) % steps_per_iteration == 0:
+                continue  # the iterations ended the phase
         search = ops.while_loop(in_phase, body, search)
     return search
 
@@ -152,6 +179,7 @@ def beam_search(
     sentence_max_length=None,
     state_lengths=None,
     grow_state=None,
+    steps_per_iteration=1,
 ):
     """The `beam_size` best translations of each sentence, best first.
 
@@ -200,6 +228,13 @@ def beam_search(
             `max_length`.
         grow_state: `grow_state(state, length)`, with `state_lengths`; the
             state it gets has the step function's `batch * beam_size` rows.
+        steps_per_iteration: search steps per iteration of the loop (an
+            int; `max_length` and the `state_lengths` must then be ints).
+            Each step reorders the state into a new buffer, and XLA copies
+            a loop's new state back into the buffer of the old one, a
+            second pass over every cached key and value. With two steps an
+            iteration the second step writes into the buffer the first
+            step read, and the copy is gone (`while_in_phases`).
 
     Returns:
         `(ids, scores)`: int32 `[batch, beam_size, max_length]`, the
@@ -210,6 +245,17 @@ def beam_search(
         raise ValueError(f"beam_size must be at least 1. Received: beam_size={beam_size}")
     check_alpha(alpha)
     check_state_lengths(state_lengths, grow_state, max_length)
+    if (
+        isinstance(steps_per_iteration, bool)
+        or not isinstance(steps_per_iteration, int)
+        or steps_per_iteration < 1
+        or (steps_per_iteration > 1 and not isinstance(max_length, int))
+    ):
+        raise ValueError(
+            "steps_per_iteration must be an integer >= 1, and above 1 only with "
+            f"an int max_length. Received: steps_per_iteration={steps_per_iteration!r}, "
+            f"max_length={max_length!r}"
+        )
     initial_ids = ops.cast(initial_ids, "int32")
     batch_size = ops.shape(initial_ids)[0]
     if sentence_max_length is None:
@@ -280,13 +326,20 @@ def beam_search(
         alive_ids = search["alive_ids"]
         flat_ids = ops.reshape(alive_ids, (-1, max_length + 1))  # [B * K, L + 1]
         logits, new_state = step_fn(flat_ids, index, search["state"])
-        log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
-        vocabulary_size = ops.shape(log_probs)[-1]
-        log_probs = ops.reshape(log_probs, (batch_size, beam_size, vocabulary_size))
+        logits = ops.cast(logits, "float32")
+        vocabulary_size = ops.shape(logits)[-1]
+        # log softmax = logits - logsumexp(logits), with the logsumexp
+        # added to the alive log-probabilities: one pass over the logits.
+        # (`ops.log_softmax` after the base model's output product took
+        # 2.7 ms a step of 128 rows under JAX, this 0.4 ms.)
+        offsets = search["alive_log_probs"] - ops.reshape(
+            ops.logsumexp(logits, axis=-1), (batch_size, beam_size)
+        )  # [B, K]
 
         # The 2K best extensions of the alive hypotheses.
         candidate_log_probs = ops.reshape(
-            search["alive_log_probs"][:, :, None] + log_probs,
+            offsets[:, :, None]
+            + ops.reshape(logits, (batch_size, beam_size, vocabulary_size)),
             (batch_size, beam_size * vocabulary_size),
         )
         top_log_probs, top_indices = top_k(candidate_log_probs, 2 * beam_size)
@@ -299,7 +352,11 @@ def beam_search(
         )  # [B, 2K, L + 1]
         ends = ops.equal(top_tokens, eos_id)
         real = ops.greater(top_log_probs, NEG_INF / 2)
-        active = ops.less(index, sentence_max_length)[:, None]  # [B, 1]
+        # A sentence that is done keeps its hypotheses: none of its alive
+        # ones can still beat its finished ones, and a step that runs
+        # after every sentence is done (`steps_per_iteration`) changes
+        # nothing.
+        active = ops.logical_not(sentence_done(search))[:, None]  # [B, 1]
 
         # Alive: the K best extensions that did not end.
         new_alive_log_probs, alive_choice = ops.top_k(
@@ -342,7 +399,9 @@ def beam_search(
             ),
         }
 
-    search = while_in_phases(condition, body, initial, state_lengths, grow_state)
+    search = while_in_phases(
+        condition, body, initial, state_lengths, grow_state, steps_per_iteration, max_length
+    )
 
     # Finished hypotheses first (they are sorted and come before the empty
     # slots), then the best alive ones, which reached the sentence's limit.

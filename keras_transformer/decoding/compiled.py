@@ -55,6 +55,7 @@ class CompiledFunction:
         self.traces = 0
         self.loops = None
         backend = keras.backend.backend()
+        self._xla = backend == "jax" or (backend == "tensorflow" and jit_compile)
         if backend == "tensorflow":
             import tensorflow as tf
 
@@ -101,7 +102,12 @@ class CompiledFunction:
 
     def _traced(self, *inputs):
         self.traces += 1
-        return self.fn(*inputs)
+        outer = _calling.xla
+        _calling.xla = self._xla
+        try:
+            return self.fn(*inputs)
+        finally:
+            _calling.xla = outer
 
     def __call__(self, *inputs):
         inputs = [keras.ops.convert_to_tensor(np.asarray(x, "int32")) for x in inputs]
@@ -181,15 +187,23 @@ class CompiledFunction:
 
 class _Calling(threading.local):
     """Per thread: whether a decoding call runs its layers directly, the
-    traces of its loops, and whether int8 products are computed in float32
-    (TensorFlow without XLA)."""
+    traces of its loops, whether int8 products are computed in float32
+    (TensorFlow without XLA), and whether the function being traced is
+    compiled by XLA."""
 
     direct = False
     loops = None
     float_int8 = False
+    xla = False
 
 
 _calling = _Calling()
+
+
+def compiled_by_xla():
+    """Whether the function a `CompiledFunction` is tracing now will be
+    compiled by XLA (under JAX, or TensorFlow with `jit_compile`)."""
+    return _calling.xla
 
 
 def _has_one_dtype(model):

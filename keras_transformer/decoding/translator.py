@@ -18,6 +18,7 @@ from keras_transformer.decoding.beam_search import beam_search
 from keras_transformer.decoding.beam_search import check_alpha
 from keras_transformer.decoding.beam_search import greedy_search
 from keras_transformer.decoding.compiled import CompiledFunction
+from keras_transformer.decoding.compiled import compiled_by_xla
 from keras_transformer.models.quantization import check_quantization_mode
 from keras_transformer.models.quantization import quantized
 
@@ -180,8 +181,40 @@ def search_translations(
         max_length=max_length,
         eos_id=eos_id,
         sentence_max_length=sentence_max_length,
+        steps_per_iteration=search_steps_per_iteration(initial_state, beam_size, max_length),
         **growing,
     )
+
+
+# The cache size, in bytes, from which a compiled beam search runs two steps
+# an iteration (`search_steps_per_iteration`).
+PAIRED_STEPS_CACHE_BYTES = 16 * 2**20
+
+
+def search_steps_per_iteration(self_attention_cache, beam_size, max_length):
+    """`beam_search`'s `steps_per_iteration` for a search over
+    `self_attention_cache` (`cached_step_function`'s buffers, `[B, ...]`).
+
+    Under XLA each step's reordering of the cache writes a new buffer, which
+    XLA copies back into the loop's: a second pass over every cached key
+    and value. Two steps an iteration spare that copy, and double the loop
+    bodies that XLA compiles: for the small model at batch 32, beam 4 and
+    40 steps under JAX, 5% faster and 1.3 s more compile time per shape;
+    at base, 11% and 2.6 s; the quick start's 500 test sentences took 8 s
+    longer to translate once (benchmarks/README.md). So a search pairs its
+    steps when compiled by XLA and when its cache, at `max_length`
+    positions for every beam, holds at least `PAIRED_STEPS_CACHE_BYTES`.
+    """
+    if not compiled_by_xla() or not isinstance(max_length, int):
+        return 1
+    total = 0
+    for buffer in keras.tree.flatten(self_attention_cache):
+        batch, heads, _, head_dim = buffer.shape
+        if not all(isinstance(n, int) for n in (batch, heads, head_dim)):
+            return 1
+        itemsize = np.dtype(keras.backend.standardize_dtype(buffer.dtype)).itemsize
+        total += batch * beam_size * heads * max_length * head_dim * itemsize
+    return 2 if total >= PAIRED_STEPS_CACHE_BYTES else 1
 
 
 class Translator:
