@@ -137,33 +137,32 @@ def while_in_phases(
         steps_per_iteration: n, an int.
         max_length: the most steps (an int), with `steps_per_iteration`.
     """
+    if state_lengths is None and steps_per_iteration == 1:
+        return ops.while_loop(condition, body, search)
+
+    def repeated(search):
+        for _ in range(steps_per_iteration):
+            search = body(search)
+        return search
+
     limits = [max_length] if state_lengths is None else list(state_lengths)
+    start = 0
     for phase, length in enumerate(limits):
         if phase:
             search = {**search, "state": grow_state(search["state"], length)}
-        if state_lengths is None and steps_per_iteration == 1:
-            return ops.while_loop(condition, body, search)
+        end = length if steps_per_iteration == 1 else min(length, max_length)
 
-        def in_phase(search, steps=1, length=length):
-            end = length if steps_per_iteration == 1 else min(length, max_length)
-            return ops.logical_and(
+        def fits(steps, end=end):
+            """The condition, while `steps` more steps end by `end`."""
+            return lambda search: ops.logical_and(
                 condition(search), ops.less_equal(search["index"] + steps, end)
             )
 
-        start = 0 if phase == 0 else limits[phase - 1]
         if steps_per_iteration > 1:
-
-            def steps(search):
-                for _ in range(steps_per_iteration):
-                    search = body(search)
-                return search
-
-            search = ops.while_loop(
-                lambda search: in_phase(search, steps_per_iteration), steps, search
-            )
-            if (min(length, max_length) - start) % steps_per_iteration == 0:
-                continue  # the iterations ended the phase
-        search = ops.while_loop(in_phase, body, search)
+            search = ops.while_loop(fits(steps_per_iteration), repeated, search)
+        if steps_per_iteration == 1 or (end - start) % steps_per_iteration:
+            search = ops.while_loop(fits(1), body, search)  # the steps left
+        start = length
     return search
 
 
