@@ -1,10 +1,18 @@
-"""float32 matrix products under torch on the CPU, through oneDNN.
+"""float32 matrix products under torch on the CPU, through oneDNN where
+oneDNN is the faster.
 
-torch multiplies float32 matrices with MKL's `sgemm`, which on this
-project's AMD CPUs reaches 100-210 GFLOP/s on two cores; oneDNN, which torch
+torch multiplies float32 matrices with MKL's `sgemm`. On this project's AMD
+CPUs it reaches 100-210 GFLOP/s on two cores, while oneDNN, which torch
 ships too and whose linear operation torch's own compiler calls for linear
 layers on the CPU, reaches 250-480 on the same products, forward and
-backward (benchmarks/README.md). This is the one module that knows it:
+backward (benchmarks/README.md). On an Intel CPU, MKL's own maker's, the
+order turns. On the Xeon with AMX of benchmarks/README.md
+(`benchmarks/torch_cpu_products.py`), `torch.matmul` over oneDNN was
+0.92-1.08x on the forward products and input gradients of a training step,
+1.08-1.60x on its kernel gradients, 1.05-4.72x on decoding's products of 1
+to 8 rows and 0.94-1.71x at 32 to 128. So oneDNN takes the products on
+every CPU but an Intel one under a torch built with MKL
+(`onednn_preferred`). This is the one module that knows it:
 
 - `install(*layer_classes)` makes the calls of those layers, under torch,
   compute each float32 product of an input and a kernel with oneDNN, with
@@ -60,13 +68,23 @@ def _linear():
     return onednn_linear()
 
 
+@functools.cache
+def onednn_preferred():
+    """Whether oneDNN multiplies faster than `torch.matmul` on this CPU: on
+    every CPU but an Intel one, where torch's MKL is as fast or faster."""
+    import torch
+
+    return not (torch.backends.mkl.is_available() and environment.cpu_vendor() == "GenuineIntel")
+
+
 def pays(x, kernel):
     """Whether oneDNN should compute float x `[M, K]` times kernel `[K, N]`."""
     import torch
 
     (rows, depth), columns = x.shape, kernel.shape[1]
     return (
-        _linear() is not None
+        onednn_preferred()
+        and _linear() is not None
         and x.dtype == kernel.dtype == torch.float32
         and x.device.type == "cpu"
         and kernel.device.type == "cpu"

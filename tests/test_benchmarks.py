@@ -173,3 +173,22 @@ def test_decoding_engines_time_every_contender_on_the_same_steps(tmp_path):
             rows[mine]["sentences_per_second"] / row["sentences_per_second"]
         )
     assert "| ctranslate2 int8, beam 4 | beam 4 | int8 |" in stdout
+
+
+def test_torch_cpu_products_compare_both_at_each_shape(tmp_path):
+    out = tmp_path / "products.json"
+    stdout = run_benchmark(
+        "torch_cpu_products.py", "--sizes", "small", "--decoding-rows", "4",
+        "--seconds", "0.01", "--rounds", "1", "--json", str(out),
+    )
+    report = json.loads(out.read_text())
+    # 4 products of the small model, each forward and with both gradients
+    # in training, and forward at 4 rows in decoding.
+    assert len(report["results"]) == 4 * 4
+    assert {r["use"] for r in report["results"]} == {"forward", "input gradient", "kernel gradient", "decoding"}
+    for r in report["results"]:
+        rates = r["flops_per_second"]
+        assert rates["matmul"] > 0 and rates["onednn"] > 0
+        assert r["matmul/onednn"] == pytest.approx(rates["matmul"] / rates["onednn"])
+    assert "| small | decoding | 4 x 256 x 8000 |" in stdout
+    assert f"the package multiplies with {report['package_uses']} here" in stdout

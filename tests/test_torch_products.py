@@ -18,6 +18,13 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+@pytest.fixture(autouse=True)
+def onednn_on_any_cpu(monkeypatch):
+    """These tests check oneDNN's path, which the package takes on every CPU
+    but an Intel one (`onednn_preferred`); the last test checks that rule."""
+    monkeypatch.setattr(torch_products, "onednn_preferred", lambda: True)
+
+
 def onednn_calls(compute):
     """`compute()`'s result, and how many oneDNN linear operations and
     torch `mm`s it ran, forward and backward."""
@@ -110,3 +117,34 @@ def test_a_mixed_bfloat16_layer_keeps_keras_s_products():
     y, onednn, _ = onednn_calls(lambda: feed_forward(torch.randn(4, 16, 128)))
     assert onednn == 0
     assert y.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize(
+    "vendor, mkl, through_onednn",
+    [("AuthenticAMD", True, True), ("GenuineIntel", True, False), ("GenuineIntel", False, True), ("", True, True)],
+)
+def test_on_an_intel_cpu_the_products_stay_with_torch_s_mkl(monkeypatch, vendor, mkl, through_onednn):
+    """torch's MKL multiplies as fast as oneDNN or faster on Intel's CPUs
+    (torch_products's docstring): there, and only there, the layers'
+    products stay torch's, in training and while decoding."""
+    import torch
+
+    from keras_transformer import environment
+    from keras_transformer.decoding.compiled import _direct_layer_calls
+
+    monkeypatch.undo()  # the rule itself, not the fixture's
+    monkeypatch.setattr(environment, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: mkl)
+    torch_products.onednn_preferred.cache_clear()
+    try:
+        assert torch_products.onednn_preferred() is through_onednn
+        feed_forward = kt.layers.PositionwiseFeedForward(d_ff=512)
+        x = torch.randn(4, 16, 128)
+        y, onednn, mm = onednn_calls(lambda: feed_forward(x))
+        assert (onednn, mm) == ((2, 0) if through_onednn else (0, 2))
+        with torch.no_grad(), _direct_layer_calls():
+            decoded, onednn, mm = onednn_calls(lambda: feed_forward(x))
+        assert (onednn, mm) == ((2, 0) if through_onednn else (0, 2))
+        np.testing.assert_allclose(to_numpy(decoded), to_numpy(y), rtol=1e-5, atol=1e-5)
+    finally:
+        torch_products.onednn_preferred.cache_clear()

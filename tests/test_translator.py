@@ -15,6 +15,7 @@ from conftest import to_numpy
 
 import keras_transformer as kt
 from keras_transformer import cli
+from keras_transformer import torch_products
 from keras_transformer.data import SubwordTokenizer
 from keras_transformer.data import builtin_corpus
 from keras_transformer.decoding import Translator
@@ -577,12 +578,15 @@ def test_float_einsum_products_while_decoding_directly_equal_keras():
         np.testing.assert_allclose(to_numpy(g), to_numpy(e), rtol=1e-5, atol=1e-5)
 
 
-def test_large_float_products_while_decoding_directly_equal_keras():
+def test_large_float_products_while_decoding_directly_equal_keras(monkeypatch):
     """Under torch on the CPU, while decoding directly, float32 products of
     at least `ONEDNN_MIN_PRODUCT` multiply-adds go to oneDNN's linear
     operation, and smaller ones to `torch.matmul` (decoding/compiled.py);
     on every backend they must equal Keras's products, and under torch a
     loop whose body holds one must be traced, not refused."""
+    # oneDNN's path, which torch takes on every CPU but an Intel one
+    # (test_torch_products.py checks that rule).
+    monkeypatch.setattr(torch_products, "onednn_preferred", lambda: True)
     rng = np.random.default_rng(0)
 
     def floats(*shape):

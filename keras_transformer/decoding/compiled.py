@@ -161,9 +161,10 @@ class CompiledFunction:
 #   `einsum` makes it a batched product, about 1.7x slower on the
 #   projections of a batch of 32.
 # - A float32 product of an input and a kernel goes to oneDNN where that
-#   pays (`torch_products.matrix_product`): at batch 32 the base model's
-#   beam search took 1.9-2.0 s per batch against 3.1-3.3 through
-#   `torch.matmul` (benchmarks/README.md).
+#   pays (`torch_products.matrix_product`): on an AMD machine at batch 32
+#   the base model's beam search took 1.9-2.0 s per batch against 3.1-3.3
+#   through `torch.matmul` (benchmarks/README.md). On an Intel CPU torch's
+#   own product is the faster, and the products stay `torch.matmul`.
 # - An int8 by int8 `matmul` or `einsum` (Keras's int8 `Dense` and
 #   `EinsumDense`) on the CPU is one `torch._int_mm`, an int8 GEMM with
 #   int32 sums. Keras uses it on CUDA only; on the CPU it casts both to

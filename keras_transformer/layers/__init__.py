@@ -12,7 +12,8 @@ from keras_transformer.layers.token_embedding import TokenEmbedding
 from keras_transformer.layers.transformer_block import TransformerBlock
 
 # Under torch on the CPU, the float32 products in these layers' calls run
-# through oneDNN (torch_products), about twice torch's own rate here.
+# through oneDNN (torch_products) on CPUs where that is the faster: twice
+# torch's own rate on the AMD machines of benchmarks/README.md.
 torch_products.install(MultiHeadAttention, PositionwiseFeedForward, TokenEmbedding)
 
 __all__ = [
