@@ -206,3 +206,119 @@ def test_tensorflow_without_xla_decodes_int8_products_as_float_products(model, t
         for node in products for key in ("T", "Ta", "Tb") if key in node.attr
     }
     assert len(products) > 10 and types == {"float32"}
+
+
+def int8_products_in(jaxpr):
+    """The int8 by int8 `dot_general`s of a jaxpr and the jaxprs inside it
+    (loop bodies, conditions, branches)."""
+    from jax.extend import core
+
+    found = []
+    for equation in jaxpr.eqns:
+        if equation.primitive.name == "dot_general" and all(
+            str(v.aval.dtype) == "int8" for v in equation.invars
+        ):
+            found.append(equation)
+        for parameter in equation.params.values():
+            for inner in parameter if isinstance(parameter, (list, tuple)) else [parameter]:
+                if isinstance(inner, core.ClosedJaxpr):
+                    found += int8_products_in(inner.jaxpr)
+                elif isinstance(inner, core.Jaxpr):
+                    found += int8_products_in(inner)
+    return found
+
+
+def traced_int8_product_rows(compiled, *inputs):
+    """How many rows (the input's axes that are not contracted) each int8
+    by int8 product of `compiled`'s traced function multiplies: from the
+    jaxpr under JAX, from the graph of XLA's `tf.function` under TensorFlow."""
+    if keras.backend.backend() == "jax":
+        import jax
+
+        rows = []
+        for product in int8_products_in(jax.make_jaxpr(compiled._traced)(*inputs).jaxpr):
+            x, _ = product.invars
+            (contracted, _), _ = product.params["dimension_numbers"]
+            rows.append(int(np.prod([n for axis, n in enumerate(x.aval.shape) if axis not in contracted])))
+        return rows
+    import tensorflow as tf
+
+    graph = compiled._call.get_concrete_function(*(tf.constant(x) for x in inputs)).graph
+    rows = []
+    for operation in graph.get_operations():
+        if operation.type in PRODUCTS and operation.inputs[0].dtype == tf.int8:
+            shape = operation.inputs[0].shape.as_list()
+            rows.append(int(np.prod(shape[:-1])))
+    return rows
+
+
+def test_under_xla_single_int8_rows_are_multiplied_beside_a_row_of_zeros():
+    """XLA:CPU multiplies one int8 row several times slower than two
+    (decoding/compiled.py): a function compiled by XLA multiplies a single
+    int8 row beside a row of zeros, in `matmul` and in a matrix-product
+    `einsum`, and leaves products of several rows as they are. The int32
+    sums must be Keras's own."""
+    if keras.backend.backend() == "torch":
+        pytest.skip(
+            "No XLA under torch: its int8 products are torch._int_mm "
+            "(test_translator.py::test_int8_products_while_decoding_directly_equal_keras)"
+        )
+    from keras_transformer.decoding.compiled import CompiledFunction
+
+    rng = np.random.default_rng(0)
+    kernel = keras.ops.convert_to_tensor(rng.integers(-127, 128, (64, 96)).astype("int8"))
+    head_kernel = keras.ops.convert_to_tensor(rng.integers(-127, 128, (64, 4, 24)).astype("int8"))
+
+    def products(x):
+        x = keras.ops.cast(x, "int8")
+        row = x[:1]
+        return [
+            keras.ops.matmul(row, kernel),
+            keras.ops.einsum("btd,dnh->btnh", row[:, None], head_kernel),
+            keras.ops.matmul(x, kernel),  # 5 rows: as they are
+        ]
+
+    compiled = CompiledFunction(products, keras.layers.Dense(1), input_ranks=(2,), jit_compile=True)
+    x = rng.integers(-127, 128, (5, 64)).astype("int32")
+    assert sorted(traced_int8_product_rows(compiled, x)) == [2, 2, 5]
+    for got, expected in zip(compiled(x), products(keras.ops.convert_to_tensor(x)), strict=True):
+        assert keras.backend.standardize_dtype(got.dtype) == "int32"
+        np.testing.assert_array_equal(got, to_numpy(expected))
+
+
+def test_a_jax_greedy_search_at_batch_1_multiplies_no_single_int8_row(int8, tokenizer):
+    """XLA:CPU multiplies one int8 row several times slower than two
+    (decoding/compiled.py), so under JAX a compiled greedy search at batch 1
+    multiplies each int8 row beside a row of zeros. No int8 product of the
+    traced search may take a single row, and its ids must be those of the
+    same search run eagerly, through Keras's own products."""
+    if keras.backend.backend() != "jax":
+        pytest.skip(
+            "A whole search under JAX: the pairing under TensorFlow with XLA is "
+            "test_under_xla_single_int8_rows_are_multiplied_beside_a_row_of_zeros; without "
+            "XLA, TensorFlow multiplies int8 as float32 "
+            "(test_tensorflow_without_xla_decodes_int8_products_as_float_products)"
+        )
+    from keras_transformer.decoding import search_translations
+    from keras_transformer.decoding.compiled import CompiledFunction
+
+    source = np.array([[17, 25, 40, 9, tokenizer.eos_id]], "int32")
+    limits = np.array([12], "int32")
+
+    def search(source_ids, limit):
+        return search_translations(
+            int8, source_ids, limit, beam_size=1, alpha=0.6, max_extra_length=7,
+            bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
+        )
+
+    compiled = CompiledFunction(search, int8, input_ranks=(2, 1))
+    rows = traced_int8_product_rows(compiled, source, limits)
+    # The encoder's products take the source's 5 tokens; a step's (the
+    # decoder's projections and feed-forward layers, and the logits) its
+    # one row and the row of zeros.
+    assert 1 not in rows and rows.count(2) > 10 and rows.count(5) > 5, rows
+
+    ids, scores = compiled(source, limits)
+    eager_ids, eager_scores = search(keras.ops.convert_to_tensor(source), keras.ops.convert_to_tensor(limits))
+    np.testing.assert_array_equal(ids, to_numpy(eager_ids))
+    np.testing.assert_allclose(scores, to_numpy(eager_scores), rtol=1e-5, atol=1e-5)

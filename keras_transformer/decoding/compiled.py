@@ -14,6 +14,9 @@ model's layers directly (see `_direct_layer_calls`); the body of each
 
 import collections
 import contextlib
+import functools
+import importlib
+import math
 import threading
 import types
 import warnings
@@ -60,6 +63,7 @@ class CompiledFunction:
             import tensorflow as tf
 
             if jit_compile:
+                _install_paired_int8_rows("tensorflow")
                 # XLA compiles every input shape anyway. Traced once per
                 # shape, the function sees static shapes, and the search's
                 # caches can grow in phases (`while_in_phases`).
@@ -75,6 +79,8 @@ class CompiledFunction:
                 self._call = tf.function(traced, input_signature=signature)
         elif backend == "jax":
             import jax
+
+            _install_paired_int8_rows("jax")
 
             def stateless(values, *inputs):
                 mapping = list(zip(model.variables, values))
@@ -822,12 +828,10 @@ def _float_int8_products():
         _calling.float_int8 = outer
 
 
+@functools.cache
 def _install_float_int8_products():
-    from keras.src.backend.tensorflow import numpy as tf_numpy
-
-    if getattr(tf_numpy.matmul, "float_int8", False):
-        return
     import tensorflow as tf
+    from keras.src.backend.tensorflow import numpy as tf_numpy
     from keras.src.backend.tensorflow import core
 
     keras_matmul = tf_numpy.matmul
@@ -850,6 +854,68 @@ def _install_float_int8_products():
             return tf.cast(product, tf.int32)
         return keras_einsum(subscripts, *operands, **kwargs)
 
-    matmul.float_int8 = einsum.float_int8 = True
+    environment.replace_in_modules("keras.src.backend", keras_matmul, matmul)
+    environment.replace_in_modules("keras.src.backend", keras_einsum, einsum)
+
+
+# XLA:CPU multiplies one int8 row by an int8 matrix, a matrix-vector
+# product, several times slower than two rows: in a `jax.jit` product
+# (ad hoc, benchmarks/README.md) 1 x 512 by 512 x 2,048 took 674 us and
+# 2 x 512 by the same 120 us, while float32 rows took 234 and 230 us; under
+# TensorFlow with XLA, one int8 row took 2.6 times as long as two. A greedy
+# search at batch 1 multiplies single rows at every step. So while a
+# function is traced for XLA, an int8 by int8 `matmul` or matrix-product
+# `einsum` (Keras's int8 `Dense` and `EinsumDense`, our int8 embedding's
+# logits) whose input is one row multiplies that row beside a row of zeros
+# and keeps the first row of the int32 sums: the same sums.
+
+@functools.cache
+def _install_paired_int8_rows(backend):
+    """Installs the above for `backend` ("jax" or "tensorflow")."""
+    backend_numpy = importlib.import_module(f"keras.src.backend.{backend}.numpy")
+    keras_matmul = backend_numpy.matmul
+    keras_einsum = backend_numpy.einsum
+    ops = keras.ops
+
+    def single_row_product(x, kernel, contracted):
+        """int8 x `[1..., K...]` times int8 kernel `[K..., N...]` in int32,
+        computed on two rows; None unless both are int8 and x is one row
+        while a function is traced for XLA."""
+        if not _calling.xla:
+            return None
+        x, kernel = ops.convert_to_tensor(x), ops.convert_to_tensor(kernel)
+        x_shape, kernel_shape = tuple(x.shape), tuple(kernel.shape)
+        if not (
+            keras.backend.standardize_dtype(x.dtype) == "int8"
+            and keras.backend.standardize_dtype(kernel.dtype) == "int8"
+            and len(x_shape) >= contracted
+            and len(kernel_shape) > contracted
+            and None not in x_shape + kernel_shape
+        ):
+            return None
+        leading, depth_shape = x_shape[: len(x_shape) - contracted], x_shape[len(x_shape) - contracted :]
+        if math.prod(leading) != 1 or kernel_shape[:contracted] != depth_shape:
+            return None
+        depth = math.prod(depth_shape)
+        rows = ops.concatenate([ops.reshape(x, (1, depth)), ops.zeros((1, depth), "int8")], axis=0)
+        sums = keras_matmul(rows, ops.reshape(kernel, (depth, -1)))  # int32
+        return ops.reshape(sums[:1], leading + kernel_shape[contracted:])
+
+    def matmul(x1, x2):
+        if len(getattr(x2, "shape", ())) == 2:
+            product = single_row_product(x1, x2, 1)
+            if product is not None:
+                return product
+        return keras_matmul(x1, x2)
+
+    def einsum(subscripts, *operands, **kwargs):
+        if len(operands) == 2 and not kwargs:
+            contracted = torch_products.matrix_product_form(subscripts)
+            if contracted is not None:
+                product = single_row_product(*operands, contracted)
+                if product is not None:
+                    return product
+        return keras_einsum(subscripts, *operands, **kwargs)
+
     environment.replace_in_modules("keras.src.backend", keras_matmul, matmul)
     environment.replace_in_modules("keras.src.backend", keras_einsum, einsum)
