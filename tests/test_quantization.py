@@ -255,8 +255,9 @@ def traced_int8_product_rows(compiled, *inputs):
 def test_under_xla_single_int8_rows_are_multiplied_beside_a_row_of_zeros():
     """XLA:CPU multiplies one int8 row several times slower than two
     (decoding/compiled.py): a function compiled by XLA multiplies a single
-    int8 row beside a row of zeros, in `matmul` and in a matrix-product
-    `einsum`, and leaves products of several rows as they are. The int32
+    int8 row beside a row of zeros, in `matmul`, in a matrix-product
+    `einsum` and in a rows-by-rows one, and leaves products of several rows
+    as they are. The int32
     sums must be Keras's own."""
     if keras.backend.backend() == "torch":
         pytest.skip(
@@ -268,6 +269,7 @@ def test_under_xla_single_int8_rows_are_multiplied_beside_a_row_of_zeros():
     rng = np.random.default_rng(0)
     kernel = keras.ops.convert_to_tensor(rng.integers(-127, 128, (64, 96)).astype("int8"))
     head_kernel = keras.ops.convert_to_tensor(rng.integers(-127, 128, (64, 4, 24)).astype("int8"))
+    embeddings = keras.ops.convert_to_tensor(rng.integers(-127, 128, (96, 64)).astype("int8"))
 
     def products(x):
         x = keras.ops.cast(x, "int8")
@@ -275,12 +277,13 @@ def test_under_xla_single_int8_rows_are_multiplied_beside_a_row_of_zeros():
         return [
             keras.ops.matmul(row, kernel),
             keras.ops.einsum("btd,dnh->btnh", row[:, None], head_kernel),
+            keras.ops.einsum("td,vd->tv", row, embeddings),  # our int8 logits' form
             keras.ops.matmul(x, kernel),  # 5 rows: as they are
         ]
 
     compiled = CompiledFunction(products, keras.layers.Dense(1), input_ranks=(2,), jit_compile=True)
     x = rng.integers(-127, 128, (5, 64)).astype("int32")
-    assert sorted(traced_int8_product_rows(compiled, x)) == [2, 2, 5]
+    assert sorted(traced_int8_product_rows(compiled, x)) == [2, 2, 2, 5]
     for got, expected in zip(compiled(x), products(keras.ops.convert_to_tensor(x)), strict=True):
         assert keras.backend.standardize_dtype(got.dtype) == "int32"
         np.testing.assert_array_equal(got, to_numpy(expected))
@@ -294,10 +297,11 @@ def test_a_jax_greedy_search_at_batch_1_multiplies_no_single_int8_row(int8, toke
     same search run eagerly, through Keras's own products."""
     if keras.backend.backend() != "jax":
         pytest.skip(
-            "A whole search under JAX: the pairing under TensorFlow with XLA is "
-            "test_under_xla_single_int8_rows_are_multiplied_beside_a_row_of_zeros; without "
-            "XLA, TensorFlow multiplies int8 as float32 "
-            "(test_tensorflow_without_xla_decodes_int8_products_as_float_products)"
+            "A whole search under JAX. TensorFlow with XLA pairs the same rows "
+            "(test_under_xla_single_int8_rows_are_multiplied_beside_a_row_of_zeros); without "
+            "XLA it multiplies int8 as float32 "
+            "(test_tensorflow_without_xla_decodes_int8_products_as_float_products), and torch "
+            "with torch._int_mm (test_translator.py::test_int8_products_while_decoding_directly_equal_keras)"
         )
     from keras_transformer.decoding import search_translations
     from keras_transformer.decoding.compiled import CompiledFunction

@@ -519,8 +519,9 @@ def test_conversions_while_decoding_directly_equal_keras():
 
 def test_int8_products_while_decoding_directly_equal_keras():
     """Under torch on the CPU, while decoding directly, int8 by int8 matrix
-    products (Keras's int8 `Dense` and `EinsumDense`) are int8 GEMMs
-    (decoding/compiled.py); on every backend their int32 sums must be
+    products (Keras's int8 `Dense` and `EinsumDense`, our int8 embedding's
+    rows-by-rows logits) are int8 GEMMs (decoding/compiled.py); on every
+    backend their int32 sums must be
     Keras's, for every form they take or leave to Keras."""
     rng = np.random.default_rng(0)
 
@@ -529,6 +530,7 @@ def test_int8_products_while_decoding_directly_equal_keras():
 
     x2, x3, heads = int8(5, 16), int8(2, 5, 16), int8(5, 4, 8)
     kernel, head_kernel, back_kernel = int8(16, 24), int8(16, 4, 8), int8(4, 8, 16)
+    rows_kernel = keras.Variable(rng.integers(-127, 128, (24, 16)).astype("int8"), trainable=False)
 
     def products():
         return [
@@ -536,13 +538,24 @@ def test_int8_products_while_decoding_directly_equal_keras():
             keras.ops.matmul(x3, kernel),
             keras.ops.einsum("td,dnh->tnh", x2, head_kernel),
             keras.ops.einsum("tnh,nhd->td", heads, back_kernel),
-            keras.ops.einsum("ab,cb->ac", x2, keras.ops.transpose(kernel)),  # not a product form: Keras's
+            # Rows by rows (our int8 embedding's logits), with the kernel as
+            # a tensor and in a variable: `torch._int_mm` on its transpose.
+            keras.ops.einsum("ab,cb->ac", x2, keras.ops.transpose(kernel)),
+            keras.ops.einsum("td,vd->tv", x2, rows_kernel),
+            keras.ops.einsum("ab,bc->ca", x2, kernel),  # neither form: Keras's
             keras.ops.matmul(keras.ops.cast(x2, "float32"), keras.ops.cast(kernel, "float32")),
         ]
 
     got = same_outside_and_while_decoding_directly(products)
     assert keras.backend.standardize_dtype(got[0].dtype) == "int32"
     assert np.abs(to_numpy(got[0])).max() > 127 * 127  # sums beyond int16
+    if keras.backend.backend() == "torch":
+        import torch
+
+        with torch.profiler.profile() as profile, _direct_layer_calls():
+            products()
+        calls = collections.Counter(event.name for event in profile.events())
+        assert calls["aten::_int_mm"] == 6
 
 
 def test_float_einsum_products_while_decoding_directly_equal_keras():

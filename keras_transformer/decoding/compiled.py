@@ -488,6 +488,19 @@ def _install_dtype_memos():
         environment.replace_in_modules("keras.src", original, _remembered(original))
 
 
+@functools.lru_cache(maxsize=64)
+def _rows_by_rows_form(equation):
+    """Whether an einsum `equation` multiplies the rows of a matrix by the
+    rows of another, `td,vd->tv` (x times kernel transposed): our int8
+    embedding's logits."""
+    inputs, _, output = equation.replace(" ", "").partition("->")
+    operands = inputs.split(",")
+    if len(operands) != 2 or any(len(operand) != 2 for operand in operands):
+        return False
+    (t, d), (v, e) = operands
+    return d == e and len({t, d, v}) == 3 and output == t + v
+
+
 def _install_matrix_products():
     """Replaces torch's `matmul` and `einsum` by ones that, while decoding
     directly, compute an `einsum` of an input and a kernel in
@@ -543,6 +556,11 @@ def _install_matrix_products():
         x = operands[0] if operands else None
         if len(operands) == 2 and not kwargs and _calling.direct and type(x) is torch.Tensor:
             contracted = torch_products.matrix_product_form(subscripts)
+            if contracted is None and x.dtype == torch.int8 and _rows_by_rows_form(subscripts):
+                kernel = operands[1].value if isinstance(operands[1], keras.Variable) else operands[1]
+                product = int8_product(x, kernel.t(), 1)
+                if product is not None:
+                    return product
             if contracted is not None:
                 if x.dtype == torch.int8:
                     product = int8_product(x, operands[1], contracted)
@@ -864,10 +882,11 @@ def _install_float_int8_products():
 # 2 x 512 by the same 120 us, while float32 rows took 234 and 230 us; under
 # TensorFlow with XLA, one int8 row took 2.6 times as long as two. A greedy
 # search at batch 1 multiplies single rows at every step. So while a
-# function is traced for XLA, an int8 by int8 `matmul` or matrix-product
-# `einsum` (Keras's int8 `Dense` and `EinsumDense`, our int8 embedding's
-# logits) whose input is one row multiplies that row beside a row of zeros
-# and keeps the first row of the int32 sums: the same sums.
+# function is traced for XLA, an int8 by int8 `matmul`, matrix-product
+# `einsum` (Keras's int8 `Dense` and `EinsumDense`) or rows-by-rows `einsum`
+# (`td,vd->tv`, our int8 embedding's logits) whose input is one row
+# multiplies that row beside a row of zeros and keeps the first row of the
+# int32 sums: the same sums.
 
 @functools.cache
 def _install_paired_int8_rows(backend):
@@ -877,17 +896,26 @@ def _install_paired_int8_rows(backend):
     keras_einsum = backend_numpy.einsum
     ops = keras.ops
 
+    def int8(x):
+        return keras.backend.standardize_dtype(x.dtype) == "int8"
+
     def single_row_product(x, kernel, contracted):
         """int8 x `[1..., K...]` times int8 kernel `[K..., N...]` in int32,
         computed on two rows; None unless both are int8 and x is one row
-        while a function is traced for XLA."""
+        while a function is traced for XLA. `contracted="rows"`: x `[1, K]`
+        times kernel `[N, K]` transposed."""
         if not _calling.xla:
             return None
         x, kernel = ops.convert_to_tensor(x), ops.convert_to_tensor(kernel)
         x_shape, kernel_shape = tuple(x.shape), tuple(kernel.shape)
+        if contracted == "rows":
+            if not (int8(x) and int8(kernel) and len(x_shape) == len(kernel_shape) == 2 and x_shape[0] == 1):
+                return None
+            rows = ops.concatenate([x, ops.zeros(x_shape, "int8")], axis=0)
+            return keras_einsum("td,vd->tv", rows, kernel)[:1]
         if not (
-            keras.backend.standardize_dtype(x.dtype) == "int8"
-            and keras.backend.standardize_dtype(kernel.dtype) == "int8"
+            int8(x)
+            and int8(kernel)
             and len(x_shape) >= contracted
             and len(kernel_shape) > contracted
             and None not in x_shape + kernel_shape
@@ -911,6 +939,8 @@ def _install_paired_int8_rows(backend):
     def einsum(subscripts, *operands, **kwargs):
         if len(operands) == 2 and not kwargs:
             contracted = torch_products.matrix_product_form(subscripts)
+            if contracted is None and _rows_by_rows_form(subscripts):
+                contracted = "rows"
             if contracted is not None:
                 product = single_row_product(*operands, contracted)
                 if product is not None:

@@ -125,7 +125,11 @@ class TokenEmbedding(keras.layers.Layer):
     def _int8_call(self, inputs, reverse=False):
         if reverse:
             states, states_scale = self._states_quantizer(inputs)
-            sums = ops.matmul(states, ops.transpose(self.embeddings))  # int32
+            # Each state row against each int8 row of E, as written: under
+            # XLA, states times E transposed was several times slower.
+            rows = ops.reshape(states, (-1, self.d_model))
+            sums = ops.einsum("td,vd->tv", rows, self.embeddings)  # int32
+            sums = ops.reshape(sums, tuple(ops.shape(states)[:-1]) + (self.vocabulary_size,))
             return ops.divide(
                 ops.cast(sums, self.compute_dtype),
                 ops.multiply(states_scale, self.embeddings_scale),
