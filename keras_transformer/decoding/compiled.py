@@ -878,9 +878,9 @@ def _install_float_int8_products():
 
 # XLA:CPU multiplies one int8 row by an int8 matrix, a matrix-vector
 # product, several times slower than two rows: in a `jax.jit` product
-# (ad hoc, benchmarks/README.md) 1 x 512 by 512 x 2,048 took 674 us and
-# 2 x 512 by the same 120 us, while float32 rows took 234 and 230 us; under
-# TensorFlow with XLA, one int8 row took 2.6 times as long as two. A greedy
+# (ad hoc, benchmarks/README.md) 1 x 512 by 512 x 2,048 took 359 us and
+# 2 x 512 by the same 92 us, while float32 rows took 97 and 110 us; under
+# TensorFlow with XLA, one int8 row took 2.6-3.4 times as long as two. A greedy
 # search at batch 1 multiplies single rows at every step. So while a
 # function is traced for XLA, an int8 by int8 `matmul`, matrix-product
 # `einsum` (Keras's int8 `Dense` and `EinsumDense`) or rows-by-rows `einsum`
