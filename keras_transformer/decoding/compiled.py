@@ -899,6 +899,17 @@ def _install_paired_int8_rows(backend):
     def int8(x):
         return keras.backend.standardize_dtype(x.dtype) == "int8"
 
+    def rows_by_rows(x, kernel):
+        """int8 x `[M, K]` times int8 kernel `[N, K]` transposed, in int32.
+        Under TensorFlow with XLA, as a batch of M one-row products by the
+        transposed kernel, as Keras's `matmul` of `[M, 1, K]` states
+        computes it: Keras's `einsum` of that form, or a 2-D `matmul` by the
+        transposed kernel, made the small model's int8 beam search at batch
+        32 2.7 times slower (ad hoc, benchmarks/README.md)."""
+        if backend == "tensorflow":
+            return keras_matmul(x[:, None, :], ops.transpose(kernel))[:, 0, :]
+        return keras_einsum("td,vd->tv", x, kernel)
+
     def single_row_product(x, kernel, contracted):
         """int8 x `[1..., K...]` times int8 kernel `[K..., N...]` in int32,
         computed on two rows; None unless both are int8 and x is one row
@@ -912,7 +923,7 @@ def _install_paired_int8_rows(backend):
             if not (int8(x) and int8(kernel) and len(x_shape) == len(kernel_shape) == 2 and x_shape[0] == 1):
                 return None
             rows = ops.concatenate([x, ops.zeros(x_shape, "int8")], axis=0)
-            return keras_einsum("td,vd->tv", rows, kernel)[:1]
+            return rows_by_rows(rows, kernel)[:1]
         if not (
             int8(x)
             and int8(kernel)
@@ -945,6 +956,8 @@ def _install_paired_int8_rows(backend):
                 product = single_row_product(*operands, contracted)
                 if product is not None:
                     return product
+            if contracted == "rows" and _calling.xla and all(int8(ops.convert_to_tensor(x)) for x in operands):
+                return rows_by_rows(*operands)
         return keras_einsum(subscripts, *operands, **kwargs)
 
     environment.replace_in_modules("keras.src.backend", keras_matmul, matmul)
