@@ -251,30 +251,30 @@ class _StderrFilter:
         self.thread.join(timeout=5)
 
 
+def _cpuinfo(field):
+    """The first value of `field` in /proc/cpuinfo, or "" where there is none."""
+    try:
+        with open("/proc/cpuinfo") as file:
+            for line in file:
+                if line.startswith(field):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
 def cpu_vendor():
     """The CPU's vendor as the CPU names itself ("GenuineIntel",
     "AuthenticAMD"), or "" where the system does not say."""
     import platform
 
-    try:
-        with open("/proc/cpuinfo") as file:
-            for line in file:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
     # Windows names it at the end: "Intel64 Family 6 Model 143 Stepping 8, GenuineIntel".
     known = [vendor for vendor in ("GenuineIntel", "AuthenticAMD") if vendor in platform.processor()]
-    return known[0] if known else ""
+    return _cpuinfo("vendor_id") or (known[0] if known else "")
 
 
 def describe_machine():
     """The CPU's name and core count, for reports of results: "AMD EPYC, 2 cores"."""
     import platform
 
-    try:
-        with open("/proc/cpuinfo") as file:
-            names = [line.split(":", 1)[1].strip() for line in file if line.startswith("model name")]
-    except OSError:
-        names = []
-    return f"{names[0] if names else platform.processor() or 'unknown CPU'}, {os.cpu_count()} cores"
+    return f"{_cpuinfo('model name') or platform.processor() or 'unknown CPU'}, {os.cpu_count()} cores"

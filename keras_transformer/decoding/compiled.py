@@ -910,54 +910,45 @@ def _install_paired_int8_rows(backend):
             return keras_matmul(x[:, None, :], ops.transpose(kernel))[:, 0, :]
         return keras_einsum("td,vd->tv", x, kernel)
 
-    def single_row_product(x, kernel, contracted):
-        """int8 x `[1..., K...]` times int8 kernel `[K..., N...]` in int32,
-        computed on two rows; None unless both are int8 and x is one row
-        while a function is traced for XLA. `contracted="rows"`: x `[1, K]`
-        times kernel `[N, K]` transposed."""
-        if not _calling.xla:
+    def single_int8_row(x, kernel, depth_shape):
+        """x as one `[1, K]` row when x and kernel are int8 and x is a
+        single row of `depth_shape` (static shapes); otherwise None."""
+        shape = tuple(x.shape)
+        leading = shape[: len(shape) - len(depth_shape)]
+        if not (int8(x) and int8(kernel)) or None in shape or shape[len(leading) :] != depth_shape:
             return None
-        x, kernel = ops.convert_to_tensor(x), ops.convert_to_tensor(kernel)
-        x_shape, kernel_shape = tuple(x.shape), tuple(kernel.shape)
-        if contracted == "rows":
-            if not (int8(x) and int8(kernel) and len(x_shape) == len(kernel_shape) == 2 and x_shape[0] == 1):
-                return None
-            rows = ops.concatenate([x, ops.zeros(x_shape, "int8")], axis=0)
-            return rows_by_rows(rows, kernel)[:1]
-        if not (
-            int8(x)
-            and int8(kernel)
-            and len(x_shape) >= contracted
-            and len(kernel_shape) > contracted
-            and None not in x_shape + kernel_shape
-        ):
-            return None
-        leading, depth_shape = x_shape[: len(x_shape) - contracted], x_shape[len(x_shape) - contracted :]
-        if math.prod(leading) != 1 or kernel_shape[:contracted] != depth_shape:
-            return None
-        depth = math.prod(depth_shape)
-        rows = ops.concatenate([ops.reshape(x, (1, depth)), ops.zeros((1, depth), "int8")], axis=0)
-        sums = keras_matmul(rows, ops.reshape(kernel, (depth, -1)))  # int32
-        return ops.reshape(sums[:1], leading + kernel_shape[contracted:])
+        return ops.reshape(x, (1, math.prod(depth_shape))) if math.prod(leading) == 1 else None
+
+    def paired(row, product):
+        """`product(rows)` of `row` and a row of zeros, and its first row."""
+        return product(ops.concatenate([row, ops.zeros_like(row)], axis=0))[:1]
 
     def matmul(x1, x2):
-        if len(getattr(x2, "shape", ())) == 2:
-            product = single_row_product(x1, x2, 1)
-            if product is not None:
-                return product
+        if _calling.xla:
+            x1, x2 = ops.convert_to_tensor(x1), ops.convert_to_tensor(x2)
+            if len(x2.shape) == 2:
+                row = single_int8_row(x1, x2, tuple(x2.shape[:1]))
+                if row is not None:
+                    sums = paired(row, lambda rows: keras_matmul(rows, x2))
+                    return ops.reshape(sums, tuple(x1.shape[:-1]) + tuple(x2.shape[1:]))
         return keras_matmul(x1, x2)
 
     def einsum(subscripts, *operands, **kwargs):
-        if len(operands) == 2 and not kwargs:
+        if _calling.xla and len(operands) == 2 and not kwargs:
+            x, kernel = (ops.convert_to_tensor(operand) for operand in operands)
             contracted = torch_products.matrix_product_form(subscripts)
-            if contracted is None and _rows_by_rows_form(subscripts):
-                contracted = "rows"
             if contracted is not None:
-                product = single_row_product(*operands, contracted)
-                if product is not None:
-                    return product
-            if contracted == "rows" and _calling.xla and all(int8(ops.convert_to_tensor(x)) for x in operands):
-                return rows_by_rows(*operands)
+                depth_shape = tuple(kernel.shape[:contracted])
+                row = single_int8_row(x, kernel, depth_shape)
+                if row is not None:
+                    matrix = ops.reshape(kernel, (math.prod(depth_shape), -1))
+                    sums = paired(row, lambda rows: keras_matmul(rows, matrix))
+                    return ops.reshape(sums, tuple(x.shape[: len(x.shape) - contracted]) + tuple(kernel.shape[contracted:]))
+            elif _rows_by_rows_form(subscripts) and int8(x) and int8(kernel):
+                row = single_int8_row(x, kernel, tuple(kernel.shape[1:]))
+                if row is not None:
+                    return paired(row, lambda rows: rows_by_rows(rows, kernel))
+                return rows_by_rows(x, kernel)
         return keras_einsum(subscripts, *operands, **kwargs)
 
     environment.replace_in_modules("keras.src.backend", keras_matmul, matmul)
