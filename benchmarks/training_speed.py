@@ -13,7 +13,14 @@ Three contenders of the same size train on the same random token ids:
   reason printed when keras-hub does not import;
 - `torch`: `torch.nn.Transformer` with a shared embedding, the same loss and
   Adam, in eager PyTorch (autocast for mixed_bfloat16); skipped when torch
-  does not import. It runs whatever the Keras backend.
+  does not import. It runs whatever the Keras backend;
+- `ours_jit` (asked for by name): ours compiled with `jit_compile=True`,
+  which is `torch.compile` of the train step under torch and XLA under
+  TensorFlow (JAX always compiles with XLA), beside `ours` with
+  `--jit-compile`'s setting, so that one run shows what compiling gives.
+
+`--jit-compile` (`auto`, Keras's choice, by default) sets `ours` and
+`keras_hub` alike.
 
 After a warm-up (whose first step, compilation included, is timed on its
 own), the contenders take turns, `--rounds` times, each training `--steps`
@@ -479,15 +486,19 @@ def build_contenders(args, size, inputs, labels, skipped):
     architecture = {key: size[key] for key in ("vocabulary_size", "num_layers", "d_model", "num_heads")}
     built = []
 
-    def keras_contender(name, make_model):
+    def keras_contender(name, make_model, jit_compile=args.jit_compile):
         start = time.perf_counter()
         with data_parallel_scope(args.data_parallel):
             model = make_model()
-            compile_model(model, warmup_steps=WARMUP_STEPS, label_smoothing=LABEL_SMOOTHING)
+            compile_model(
+                model, warmup_steps=WARMUP_STEPS, label_smoothing=LABEL_SMOOTHING, jit_compile=jit_compile
+            )
         contender = KerasContender(name, model, inputs, labels, size["batch_size"])
         built.append((contender, time.perf_counter() - start))
 
     keras_contender("ours", lambda: our_model(size, dtype))
+    if "ours_jit" in args.contenders:
+        keras_contender("ours_jit", lambda: our_model(size, dtype), jit_compile=True)
     if "keras_hub" in args.contenders:
         keras_hub, reason = optional_import("keras_hub")
         if keras_hub is None:
@@ -587,6 +598,8 @@ def run(args):
             "first_step_seconds": first_step,
             "peak_memory_bytes": memory[framework].read(),
             "memory_note": memory[framework].note,
+            # Keras's resolved setting; none for torch.nn.Transformer.
+            "jit_compile": getattr(getattr(contender, "model", None), "jit_compile", None),
             "turn_seconds": [],
         }
     order = [contender for contender, _ in contenders]
@@ -614,7 +627,7 @@ def run(args):
         if bfloat16_peak is not None:
             result["mfu_of_bfloat16_peak"] = flops / step_seconds / bfloat16_peak
     ratios = {}
-    for other in ("keras_hub", "torch"):
+    for other in ("ours_jit", "keras_hub", "torch"):
         if other in results:
             ratios[f"ours/{other}"] = (
                 results["ours"]["target_tokens_per_second"]
@@ -627,6 +640,7 @@ def run(args):
         "precision": args.precision,
         "keras_backend": keras_framework,
         "data_parallel": args.data_parallel,
+        "jit_compile": args.jit_compile,
         "device": device,
         "device_name": device_name,
         "versions": versions(),
@@ -654,7 +668,9 @@ def versions():
 def markdown_table(report):
     lines = [
         f"{report['size']}, {report['precision']}, Keras backend {report['keras_backend']}"
-        f"{' (data parallel)' if report['data_parallel'] else ''}, {report['device_name']}; "
+        f"{' (data parallel)' if report['data_parallel'] else ''}"
+        f"{'' if report['jit_compile'] == 'auto' else ', jit_compile=' + str(report['jit_compile'])}, "
+        f"{report['device_name']}; "
         f"{report['shape']['batch_size']}x{report['shape']['length']} target tokens per step, "
         f"{report['matmul_flops_per_step'] / 1e9:.1f} GFLOP per step; median of "
         f"{report['rounds']} turns of {report['steps_per_turn']} steps",
@@ -700,7 +716,9 @@ def main():
     parser.add_argument("--settle", type=float, default=1.0,
                         help="idle seconds before each turn")
     parser.add_argument("--contenders", nargs="*", default=["keras_hub", "torch"],
-                        choices=["keras_hub", "torch"], help="besides ours")
+                        choices=["ours_jit", "keras_hub", "torch"], help="besides ours")
+    parser.add_argument("--jit-compile", choices=["auto", "true", "false"], default="auto",
+                        help="compile_model's jit_compile for ours and keras_hub")
     parser.add_argument("--data-parallel", action="store_true",
                         help="build the Keras models under the backend's data-parallel engine")
     parser.add_argument("--out", help="where to write the JSON report")
@@ -710,6 +728,7 @@ def main():
     if args.batch_size is not None and args.batch_size < 1:
         parser.error(f"--batch-size must be >= 1. Received: {args.batch_size}")
 
+    args.jit_compile = {"auto": "auto", "true": True, "false": False}[args.jit_compile]
     report = run(args)
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

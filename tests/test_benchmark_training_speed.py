@@ -50,6 +50,25 @@ def test_one_tiny_step_reports_tokens_per_second(tmp_path):
     assert "| ours" in result.stdout
 
 
+@in_one_pass("tensorflow", "the option's plumbing; compiling costs seconds under XLA, a minute under torch.compile")
+def test_ours_jit_runs_beside_ours_with_jit_compile_set_apart(tmp_path):
+    out = tmp_path / "speed.json"
+    result = subprocess.run(
+        [sys.executable, SCRIPT, "--size", "tiny", "--steps", "1", "--rounds", "1", "--settle", "0",
+         "--contenders", "ours_jit", "--jit-compile", "false", "--out", str(out)],
+        env=dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3"),
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["jit_compile"] is False
+    assert set(report["contenders"]) == {"ours", "ours_jit"}
+    assert report["contenders"]["ours"]["jit_compile"] is False
+    assert report["contenders"]["ours_jit"]["jit_compile"] is True
+    assert report["ratios"]["ours/ours_jit"] > 0
+    assert "jit_compile=False" in result.stdout and "| ours_jit" in result.stdout
+
+
 def benchmark_flops(shape):
     return load_benchmark().matmul_flops(**shape)
 
