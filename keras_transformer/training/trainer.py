@@ -37,7 +37,9 @@ def compile_model(
         warmup_steps: 4000 in the paper.
         label_smoothing: 0.1 in the paper.
         jit_compile: XLA for the train step: `"auto"` (Keras's choice: XLA
-            on GPU under TensorFlow, always under JAX), True or False.
+            on GPU under TensorFlow, always under JAX, none under torch),
+            True or False. Under torch, True is `torch.compile`, which made
+            our steps slower on a GPU (benchmarks/README.md, 2026-11-26).
         learning_rate_scale: a constant factor on the schedule (1 in the
             paper).
         **optimizer_kwargs: more `keras.optimizers.Adam` arguments.
