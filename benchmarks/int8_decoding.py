@@ -53,6 +53,9 @@ def main(argv=None):
     parser.add_argument("--beam-size", type=int, default=4)
     parser.add_argument("--limit", type=int, help="translate only the first LIMIT sentences")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--jit-compile", action="store_true",
+                        help="both translators with jit_compile=True: XLA under TensorFlow "
+                        "(JAX always compiles with XLA; torch has none)")
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args(argv)
     if args.rounds < 1:
@@ -70,7 +73,10 @@ def main(argv=None):
         sources, references = sources[: args.limit], references[: args.limit]
 
     translators = {
-        precision: Translator.load(args.model_dir, beam_size=args.beam_size, quantize=quantize)
+        precision: Translator.load(
+            args.model_dir, beam_size=args.beam_size, quantize=quantize,
+            **({"jit_compile": True} if args.jit_compile else {}),
+        )
         for precision, quantize in (("float", None), ("int8", "int8"))
     }
     outputs, seconds = {}, {precision: [] for precision in translators}
@@ -96,6 +102,7 @@ def main(argv=None):
         "beam_size": args.beam_size,
         "rounds": args.rounds,
         "float_dtype_policy": translators["float"].model.dtype_policy.name,
+        "jit_compile": translators["float"].jit_compile,
     }
     for precision in translators:
         median = float(np.median(seconds[precision]))
@@ -108,7 +115,8 @@ def main(argv=None):
     report["int8/float speed"] = report["float"]["seconds"] / report["int8"]["seconds"]
     report["int8 - float BLEU"] = report["int8"]["bleu"] - report["float"]["bleu"]
     print(f"\n{report['backend']}, {len(sources)} sentences of {source}, beam {args.beam_size}, "
-          f"median of {args.rounds} rounds; float is {report['float_dtype_policy']}\n")
+          f"median of {args.rounds} rounds; float is {report['float_dtype_policy']}; "
+          f"jit_compile={report['jit_compile']}\n")
     print("| precision | sentences/s | BLEU | chrF |\n| --- | ---: | ---: | ---: |")
     for precision in translators:
         row = report[precision]

@@ -116,7 +116,8 @@ def test_matmul_peak_reports_both_dtypes(tmp_path):
     assert f"| 64 | {rates['float32'] / 1e9:,.0f} |" in stdout
 
 
-def test_int8_decoding_reports_speed_and_bleu_of_both(tmp_path):
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_int8_decoding_reports_speed_and_bleu_of_both(tmp_path, jit_compile):
     import keras_transformer as kt
     from keras_transformer.data import SubwordTokenizer
     from keras_transformer.decoding import Translator
@@ -131,10 +132,12 @@ def test_int8_decoding_reports_speed_and_bleu_of_both(tmp_path):
     (model_dir / "test.de").write_text("\n".join(corpus.targets[:3]) + "\n")
     out = tmp_path / "int8.json"
     stdout = run_benchmark(
-        "int8_decoding.py", "--model-dir", str(model_dir), "--rounds", "1", "--json", str(out)
+        "int8_decoding.py", "--model-dir", str(model_dir), "--rounds", "1", "--json", str(out),
+        *(["--jit-compile"] if jit_compile else []),
     )
     report = json.loads(out.read_text())
     assert report["sentences"] == 3 and report["float_dtype_policy"] == "float32"
+    assert report["jit_compile"] is jit_compile
     for precision in ("float", "int8"):
         assert report[precision]["sentences_per_second"] > 0
         assert 0 <= report[precision]["bleu"] <= 100
