@@ -3,7 +3,7 @@
     KERAS_BACKEND=jax python benchmarks/training_speed.py --size small \
         --precision mixed_bfloat16 --out benchmarks/results/speed.json
 
-Three contenders of the same size train on the same random token ids:
+The contenders, all of the same size, train on the same random token ids:
 
 - `ours`: `build_transformer`, compiled with `training.compile_model` (the
   paper's Adam, schedule and label smoothing), trained with `fit`;
