@@ -72,11 +72,10 @@ def main(argv=None):
     if args.limit:
         sources, references = sources[: args.limit], references[: args.limit]
 
+    # Without the flag, the translator's saved setting stands.
+    overrides = {"jit_compile": True} if args.jit_compile else {}
     translators = {
-        precision: Translator.load(
-            args.model_dir, beam_size=args.beam_size, quantize=quantize,
-            **({"jit_compile": True} if args.jit_compile else {}),
-        )
+        precision: Translator.load(args.model_dir, beam_size=args.beam_size, quantize=quantize, **overrides)
         for precision, quantize in (("float", None), ("int8", "int8"))
     }
     outputs, seconds = {}, {precision: [] for precision in translators}

@@ -256,6 +256,7 @@ class KerasContender:
         self.labels = labels
         self.batch_size = batch_size
         self.parameters = model.count_params()
+        self.jit_compile = model.jit_compile  # Keras's resolved setting
 
     def train(self, steps):
         """Trains `steps` steps with one `fit`; returns the seconds they took.
@@ -329,6 +330,7 @@ class TorchContender:
         self.torch = torch
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.name = "torch"
+        self.jit_compile = None  # eager PyTorch
         self.batch_size = size["batch_size"]
         self.model = _torch_transformer(size).to(self.device)
         self.parameters = sum(p.numel() for p in self.model.parameters())
@@ -598,8 +600,7 @@ def run(args):
             "first_step_seconds": first_step,
             "peak_memory_bytes": memory[framework].read(),
             "memory_note": memory[framework].note,
-            # Keras's resolved setting; none for torch.nn.Transformer.
-            "jit_compile": getattr(getattr(contender, "model", None), "jit_compile", None),
+            "jit_compile": contender.jit_compile,
             "turn_seconds": [],
         }
     order = [contender for contender, _ in contenders]
