@@ -43,17 +43,14 @@ ARCHITECTURE = {"num_layers": 3, "d_model": 256, "d_ff": 1024, "num_heads": 4, "
 
 def bucketed_batches(corpus, tokenizer, tokens_per_batch, count):
     dataset = make_dataset(corpus, tokenizer, tokens_per_batch, repeat=True, seed=0)
-    return [
-        ({key: value.numpy() for key, value in inputs.items()}, labels.numpy())
-        for inputs, labels in dataset.take(count)
-    ]
+    return [dataset[i] for i in range(count)]
 
 
 def padded_batches(corpus, tokenizer, pairs_per_batch, count, seed=0):
     """Fixed-size batches of shuffled pairs, each padded to its longest sentence."""
     sources, targets = zip(*corpus)
-    source_ids = tokenizer.tokenize(list(sources)).to_list()
-    target_ids = tokenizer.tokenize(list(targets)).to_list()
+    source_ids = tokenizer.tokenize(list(sources))
+    target_ids = tokenizer.tokenize(list(targets))
     order = np.random.default_rng(seed).permutation(len(source_ids))
 
     def pad(rows):

@@ -46,10 +46,8 @@ def main():
     )
     tokenizer = SubwordTokenizer.train(corpus, args.vocabulary_size)
     # A fixed list of batches: every model trains on exactly these.
-    batches = list(
-        make_dataset(corpus, tokenizer, args.tokens_per_batch, max_length=128, seed=0)
-        .take(args.steps * args.rounds + 1)
-    )
+    dataset = make_dataset(corpus, tokenizer, args.tokens_per_batch, max_length=128, seed=0)
+    batches = [dataset[i] for i in range(min(len(dataset), args.steps * args.rounds + 1))]
     warmup = one_batch_per_shape(batches)  # compiles every shape first
 
     models = {}
@@ -69,7 +67,7 @@ def main():
     tokens = {dtype: 0 for dtype in models}
     for round_index in range(args.rounds):
         chunk = batches[round_index * args.steps : (round_index + 1) * args.steps]
-        chunk_tokens = sum(int((labels.numpy() != 0).sum()) for _, labels in chunk)
+        chunk_tokens = sum(int((np.asarray(labels) != 0).sum()) for _, labels in chunk)
         for dtype, model in models.items():
             timer = StepTimes()
             fit_batches(model, chunk, [timer])

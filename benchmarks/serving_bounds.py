@@ -102,7 +102,7 @@ def main():
 
     def text_of_at_least(tokens):
         text = ""
-        while len(translator.tokenizer.tokenize(text).numpy()) < tokens:
+        while len(translator.tokenizer.tokenize(text)) < tokens:
             text += " ".join(rng.choice(words, 64)) + " "
         return text.strip()
 

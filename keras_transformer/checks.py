@@ -10,6 +10,7 @@ loudly on every backend, saying which input, where, and what was expected.
 
 import contextlib
 import functools
+import sys
 import threading
 import types
 
@@ -300,11 +301,7 @@ def check_model_data(x, vocabulary_size):
     """
     if isinstance(x, dict):
         return check_model_inputs(x, vocabulary_size)
-    import tensorflow as tf
-
-    if not isinstance(x, tf.data.Dataset):
-        return x
-    if not _holds_model_inputs(x):
+    if not (_is_tf_dataset(x) and _holds_model_inputs(x)):
         return x
     spec = x.element_spec
     features = spec[0] if isinstance(spec, tuple) else spec
@@ -377,11 +374,25 @@ def check_ids_on_host(x, vocabulary_size):
                 yield batch
 
         return checked_batches(), True
-    import tensorflow as tf
+    from keras_transformer.data.batches import TokenBatches  # data imports checks
 
-    if isinstance(x, tf.data.Dataset) and _holds_model_inputs(x):
+    if isinstance(x, TokenBatches):
+        if x.vocabulary_size > vocabulary_size:
+            raise ValueError(
+                f"The batches hold ids of a vocabulary of {x.vocabulary_size} pieces, but the "
+                f"model's vocabulary_size is {vocabulary_size}. The tokenizer and the model "
+                "probably do not match."
+            )
+        return x, True  # their ids are below their vocabulary's size
+    if _is_tf_dataset(x) and _holds_model_inputs(x):
         return x.map(_in_range_in_pipeline(vocabulary_size)), True
     return x, False
+
+
+def _is_tf_dataset(x):
+    """Whether `x` is a `tf.data.Dataset`; no TensorFlow, no such dataset."""
+    tf = sys.modules.get("tensorflow")
+    return tf is not None and isinstance(x, tf.data.Dataset)
 
 
 def _holds_model_inputs(dataset):

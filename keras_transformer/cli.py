@@ -1,4 +1,8 @@
-"""The command line: train, translate, score a test set, plot attention, export.
+"""The command line: prepare data, train, translate, score a test set, plot
+attention, export.
+
+    python -m keras_transformer prepare --source train.en --target train.de \
+        --output data/mine --vocabulary-size 8000
 
     python -m keras_transformer train --train-source train.en --train-target train.de \
         --valid-source val.en --valid-target val.de --model-dir runs/mine
@@ -162,6 +166,7 @@ def _add_train_arguments(parser):
         ("valid-target", "validation target text"),
     ):
         files.add_argument(f"--{name}", nargs="+", metavar="FILE", help=help_text + "; several files are read in turn")
+    files.add_argument("--train-data", metavar="DIR", help="a dataset written by `prepare`, in place of --train-source and --train-target")
     files.add_argument("--model-dir", help="where checkpoints, logs and the trained translator go")
     files.add_argument("--config", help="a train_config.json to repeat (other options override it)")
     files.add_argument("--resume", action="store_true", help="continue the run in --model-dir from its train_config.json")
@@ -232,14 +237,53 @@ def training_config(args):
     overrides = {name: getattr(args, name) for name in MODEL_FIELDS if getattr(args, name) is not None}
     if overrides:
         values["model"] = dict(values.get("model") or {}) | overrides
-    required = ["model_dir", "train_source", "train_target", "valid_source", "valid_target"]
+    required = ["model_dir", "valid_source", "valid_target"]
+    if not values.get("train_data"):
+        required[1:1] = ["train_source", "train_target"]
     missing = [name for name in required if not values.get(name)]
     if missing:
         raise ValueError(
             "train needs " + ", ".join("--" + name.replace("_", "-") for name in missing)
             + " (or --config FILE, or --resume --model-dir DIR)."
         )
+    values.setdefault("train_source", [])
+    values.setdefault("train_target", [])
     return TrainingConfig(**values)
+
+
+def prepare(args):
+    from keras_transformer.data.prepared import VOCABULARY_SAMPLE_PAIRS
+    from keras_transformer.data.prepared import prepare_dataset
+    from keras_transformer.data.prepared import read_pairs
+    from keras_transformer.data.prepared import sample_pairs
+    from keras_transformer.data.tokenizer import SubwordTokenizer
+
+    if len(args.source) != len(args.target):
+        raise ValueError(f"--source and --target must name as many files; received {args.source} and {args.target}.")
+    for path in args.source + args.target:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"No such file: {path}.")
+    if args.vocabulary:
+        tokenizer = SubwordTokenizer.load(args.vocabulary)
+    else:
+        if args.vocabulary_size < 300:
+            raise ValueError(f"--vocabulary-size must be an integer >= 300; received {args.vocabulary_size}.")
+        pairs = sample_pairs(read_pairs(args.source, args.target), VOCABULARY_SAMPLE_PAIRS, args.seed)
+        if not pairs:
+            raise ValueError(f"{args.source} | {args.target} hold no pair with two non-empty sides.")
+        tokenizer = SubwordTokenizer.train(pairs, args.vocabulary_size, seed=args.seed)
+        del pairs
+        _log(f"vocabulary: trained {tokenizer.vocabulary_size} shared BPE pieces")
+    prepared = prepare_dataset(args.source, args.target, tokenizer, args.output, log=_log)
+    tokenizer.save(args.output)  # `train --train-data` reads the vocabulary here
+    manifest = prepared.manifest
+    print(
+        f"Prepared {manifest['pairs']:,} pairs ({manifest['source_tokens']:,} source and "
+        f"{manifest['target_tokens']:,} target tokens) in {args.output}; left out "
+        f"{manifest['left_out']['empty_side']} with an empty side, {manifest['left_out']['too_long']} too long.\n"
+        f"Train with:    keras-transformer train --train-data {args.output} --valid-source ... "
+        "--valid-target ... --model-dir ..."
+    )
 
 
 def train(args):
@@ -291,6 +335,15 @@ def main(argv=None):
     command = add_command("train", help="train a translator on parallel text files")
     _add_train_arguments(command)
     command.set_defaults(run=train)
+
+    command = add_command("prepare", help="tokenize parallel text once, for train --train-data")
+    command.add_argument("--source", nargs="+", required=True, metavar="FILE", help="source text, one sentence per line (plain or .gz)")
+    command.add_argument("--target", nargs="+", required=True, metavar="FILE", help="target text, aligned with --source")
+    command.add_argument("--output", required=True, metavar="DIR", help="the directory to write")
+    command.add_argument("--vocabulary", metavar="DIR", help="reuse the subword.model in this directory")
+    command.add_argument("--vocabulary-size", type=int, default=8000, help="pieces of a new shared vocabulary (default 8000)")
+    command.add_argument("--seed", type=int, default=0, help="seed of the vocabulary's sample (default 0)")
+    command.set_defaults(run=prepare)
 
     command = add_command("translate", help="translate lines of text")
     _add_search_arguments(command)

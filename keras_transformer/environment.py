@@ -278,3 +278,21 @@ def describe_machine():
     import platform
 
     return f"{_cpuinfo('model name') or platform.processor() or 'unknown CPU'}, {os.cpu_count()} cores"
+
+
+def tensorflow_beside_backend():
+    """TensorFlow for work beside another backend (TensorBoard logs), with
+    its GPUs hidden so that it takes none of the accelerators' memory; None
+    where it is not installed."""
+    try:
+        import tensorflow as tf
+    except ImportError:
+        return None
+    import keras
+
+    if keras.backend.backend() != "tensorflow":
+        try:
+            tf.config.set_visible_devices([], "GPU")
+        except RuntimeError:  # its devices were set up already
+            pass
+    return tf

@@ -1,3 +1,4 @@
+import itertools
 import os
 
 import keras
@@ -25,8 +26,8 @@ def tokenizer(corpus):
     return SubwordTokenizer.train(corpus, vocabulary_size=500)
 
 
-def batches(dataset):
-    return [(x["source_ids"].numpy(), x["target_ids"].numpy(), y.numpy()) for x, y in dataset]
+def batches(dataset, count=None):
+    return [(x["source_ids"], x["target_ids"], y) for x, y in itertools.islice(dataset, count)]
 
 
 def real_rows(source_ids, target_ids, labels):
@@ -52,15 +53,15 @@ def test_every_pair_arrives_once_with_bos_eos_and_shifted_targets(corpus, tokeni
         assert (labels[np.arange(len(labels)), lengths - 1] == tokenizer.eos_id).all()
         source_lengths = (source_ids != 0).sum(1)
         assert (source_ids[np.arange(len(source_ids)), source_lengths - 1] == tokenizer.eos_id).all()
-        seen_sources += [s.decode() for s in tokenizer.detokenize(source_ids).numpy()]
-        seen_targets += [t.decode() for t in tokenizer.detokenize(labels).numpy()]
+        seen_sources += tokenizer.detokenize(source_ids)
+        seen_targets += tokenizer.detokenize(labels)
     assert sorted(zip(seen_sources, seen_targets)) == sorted(corpus)
 
 
 def test_batches_hold_the_token_budget(corpus, tokenizer):
     budget = 600
     sizes = []
-    for source_ids, target_ids, _ in batches(make_dataset(corpus, tokenizer, budget, repeat=True).take(40)):
+    for source_ids, target_ids, _ in batches(make_dataset(corpus, tokenizer, budget, repeat=True), 40):
         padded = max(source_ids.size, target_ids.size)
         assert padded <= budget
         sizes.append(padded)
@@ -85,7 +86,7 @@ def test_each_bucket_has_one_shape_and_the_epoch_its_batch_count(corpus, tokeniz
             shapes.setdefault(source_ids.shape[1], set()).add(source_ids.shape)
         # The last batch of a bucket is filled up to the full batch's rows.
         assert all(len(s) == 1 for s in shapes.values()), shapes
-        assert dataset.cardinality().numpy() == sum(1 for _ in dataset)
+        assert len(dataset) == sum(1 for _ in dataset)
     assert len(bucket_lengths(256, step=1.3)) < len(bucket_lengths(256, step=1.1))
 
 
@@ -121,37 +122,42 @@ def test_long_pairs_are_left_out_and_counted(corpus, tokenizer):
 
 def test_shuffling_is_seeded_and_changes_each_epoch(corpus, tokenizer):
     def first_batch(dataset):
-        return next(iter(dataset))[0]["source_ids"].numpy()
+        return next(iter(dataset))[0]["source_ids"]
 
     assert np.array_equal(
         first_batch(make_dataset(corpus, tokenizer, 512, seed=3)),
         first_batch(make_dataset(corpus, tokenizer, 512, seed=3)),
     )
     dataset = make_dataset(corpus, tokenizer, 512, seed=3)
-    epochs = [first_batch(dataset) for _ in range(2)]
+    epochs = [first_batch(dataset)]
+    dataset.on_epoch_end()  # as model.fit calls it
+    epochs.append(first_batch(dataset))
     assert epochs[0].shape != epochs[1].shape or not np.array_equal(*epochs)
     ordered = [b[0] for b in batches(make_dataset(corpus, tokenizer, 512, shuffle=False))]
     again = [b[0] for b in batches(make_dataset(corpus, tokenizer, 512, shuffle=False))]
     assert all(np.array_equal(a, b) for a, b in zip(ordered, again))
 
 
-@pytest.mark.filterwarnings("ignore:make_dataset leaves out")
+@pytest.mark.filterwarnings("ignore:Batching leaves out")
 def test_a_seeded_endless_stream_is_the_same_for_every_iterator(corpus, tokenizer):
-    """Resuming a run re-creates the iterator; the batches must not change."""
+    """Resuming a run re-creates the batches; they must not change."""
     dataset = make_dataset(corpus, tokenizer, 512, repeat=True, seed=5, max_length=32)
+    per_epoch = dataset.batches_per_epoch
 
-    def first(count, skip=0):
-        return [x["source_ids"].numpy() for x, _ in dataset.skip(skip).take(count)]
+    def first(count, dataset=dataset):
+        return [x["source_ids"] for x, _ in itertools.islice(dataset, count)]
 
-    reference = first(12)
-    for _ in range(3):
-        iter(dataset)  # iterators made in between change nothing
-    again = first(12)
-    assert all(np.array_equal(a, b) for a, b in zip(reference, again))
-    resumed = first(4, skip=8)
-    assert all(np.array_equal(a, b) for a, b in zip(reference[8:], resumed))
+    reference = first(per_epoch + 12)
+    rebuilt = make_dataset(corpus, tokenizer, 512, repeat=True, seed=5, max_length=32)
+    assert all(np.array_equal(a, b) for a, b in zip(reference, first(per_epoch + 12, rebuilt)))
+    # Batch k is computed, not replayed: a resumed stream starts anywhere.
+    for skip in (8, per_epoch - 2, per_epoch + 3):
+        resumed = first(4, dataset.starting_at(skip))
+        assert all(np.array_equal(a, b) for a, b in zip(reference[skip:], resumed))
     # Passes over the data are shuffled differently.
-    other = [x["source_ids"].numpy() for x, _ in make_dataset(corpus, tokenizer, 512, repeat=True, seed=6, max_length=32).take(12)]
+    second_pass = reference[per_epoch:]
+    assert not all(a.shape == b.shape and np.array_equal(a, b) for a, b in zip(reference, second_pass))
+    other = first(12, make_dataset(corpus, tokenizer, 512, repeat=True, seed=6, max_length=32))
     assert not all(a.shape == b.shape and np.array_equal(a, b) for a, b in zip(reference, other))
 
 
@@ -175,7 +181,7 @@ def test_bad_arguments_are_reported(corpus, tokenizer):
             make_dataset(corpus, tokenizer, **arguments)
 
 
-@pytest.mark.filterwarnings("ignore:make_dataset leaves out")
+@pytest.mark.filterwarnings("ignore:Batching leaves out")
 def test_feeds_model_fit(corpus, tokenizer):
     model = kt.build_transformer("tiny", vocabulary_size=tokenizer.vocabulary_size, num_layers=1)
     model.compile(

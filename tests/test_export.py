@@ -128,7 +128,7 @@ def test_the_folder_is_self_contained_with_the_vocabulary_as_an_asset(
 
 def test_the_ids_signature_returns_the_searched_ids(served, translator, tokenizer):  # noqa: F811
     sentences = [s for s in SENTENCES if s.strip()]
-    rows = tokenizer.tokenize(sentences).to_list()
+    rows = tokenizer.tokenize(sentences)
     source_ids = np.zeros((len(rows) + 1, max(map(len, rows))), "int32")  # and one empty row
     for i, ids in enumerate(rows):
         source_ids[i, : len(ids)] = ids
@@ -187,7 +187,7 @@ def test_a_request_costs_at_most_its_bounds(exported, served, translator):
     message = r"more source tokens than this export translates at once: max_request_tokens=192, counting each text up to max_source_length=24"
     with pytest.raises(tf.errors.InvalidArgumentError, match=message):
         serve(served, [long_line] * 9)
-    ids = translator.tokenizer.tokenize([long_line] * 9).to_tensor()
+    ids = tf.ragged.constant(translator.tokenizer.tokenize([long_line] * 9), tf.int32).to_tensor()
     with pytest.raises(tf.errors.InvalidArgumentError, match=message):
         served.signatures["translate_ids"](source_ids=ids)
     with pytest.raises(ValueError, match=r"max_request_tokens must be an integer >= max_source_length=24, so that one full row fits. Received: max_request_tokens=10"):

@@ -92,7 +92,7 @@ def end_positions(translator):
 
 
 def source_batch(tokenizer, sentences):
-    rows = [ids + [tokenizer.eos_id] for ids in tokenizer.tokenize(sentences).to_list()]
+    rows = [ids + [tokenizer.eos_id] for ids in tokenizer.tokenize(sentences)]
     source_ids = np.zeros((len(rows), max(map(len, rows))), "int32")
     for i, ids in enumerate(rows):
         source_ids[i, : len(ids)] = ids
@@ -816,7 +816,7 @@ def test_over_long_lines_are_truncated_with_a_warning(model, tokenizer):
     long_line = " ".join(["the old man sees the dog ."] * 6)
     with pytest.warns(UserWarning, match=r"Line 2 \(texts\[1\]\) has \d+ subword tokens, more than max_source_length=12"):
         translations = translator.translate(["the man .", long_line])
-    truncated = tokenizer.detokenize(tokenizer.tokenize(long_line)[:11]).numpy().decode()
+    truncated = tokenizer.detokenize(tokenizer.tokenize(long_line)[:11])
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         assert translator.translate([truncated]) == translations[1:]

@@ -95,12 +95,17 @@ def read_json_object(path):
     return values
 
 
-def write_atomically(path, text):
-    """Writes `text` to `path` through a temporary file beside it, so that a
-    crash leaves the old file or the new one, never half of one."""
+def write_atomically(path, content):
+    """Writes `content` (str or bytes) to `path` through a temporary file
+    beside it, so that a crash leaves the old file or the new one, never
+    half of one."""
     directory = os.path.dirname(path) or "."
-    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=directory, delete=False, suffix=".tmp") as file:
-        file.write(text)
+    mode = "wb" if isinstance(content, (bytes, bytearray)) else "w"
+    encoding = None if mode == "wb" else "utf-8"
+    with tempfile.NamedTemporaryFile(mode, encoding=encoding, dir=directory, delete=False, suffix=".tmp") as file:
+        file.write(content)
+        file.flush()
+        os.fsync(file.fileno())
         temporary = file.name
     os.replace(temporary, path)
 

@@ -4,11 +4,11 @@ import io
 import json
 import os
 
+import numpy as np
 import sentencepiece
-import tensorflow as tf
-import tensorflow_text
 
 from keras_transformer.data.corpus import read_json_object
+from keras_transformer.data.corpus import write_atomically
 
 MODEL_FILE = "subword.model"
 CONFIG_FILE = "subword.json"
@@ -16,28 +16,6 @@ CONFIG_FILE = "subword.json"
 # (its "dummy prefix"). Its decoder drops every mark a text begins with, so
 # the spaces a text began with are in the pieces but not in the decoded text.
 SPACE_MARK = "\u2581"
-
-
-def detokenize_exactly(sentencepiece_op, ids):
-    """Text from `[batch, None]` ragged ids, with the spaces it began with.
-
-    A graph function, shared by `SubwordTokenizer.detokenize` and the
-    exported SavedModel: `sentencepiece_op` is a
-    `tensorflow_text.SentencepieceTokenizer`. Padding, BOS and EOS ids are
-    dropped; SentencePiece decodes the rest, and the leading spaces its
-    decoder drops (the marks after the first) are put back.
-    """
-    kept = tf.ragged.boolean_mask(
-        ids,
-        (ids != SubwordTokenizer.padding_id)
-        & (ids != SubwordTokenizer.bos_id)
-        & (ids != SubwordTokenizer.eos_id),
-    )
-    text = sentencepiece_op.detokenize(kept)
-    pieces = tf.strings.reduce_join(sentencepiece_op.id_to_string(kept), axis=-1)
-    marks = tf.strings.regex_replace(pieces, f"(?s)^{SPACE_MARK}({SPACE_MARK}*).*$", r"\1")
-    marks = tf.where(tf.strings.regex_full_match(pieces, f"(?s){SPACE_MARK}.*"), marks, "")
-    return tf.strings.regex_replace(marks, SPACE_MARK, " ") + text
 
 
 def _sentences_of(item, index):
@@ -58,13 +36,14 @@ def _sentences_of(item, index):
 
 
 class SubwordTokenizer:
-    """Byte-pair encoding shared by both languages, on TensorFlow graph ops.
+    """Byte-pair encoding shared by both languages, on SentencePiece.
 
     The paper encoded WMT14 English-German "using byte-pair encoding, which
     has a shared source-target vocabulary of about 37000 tokens". This class
     trains such a vocabulary with SentencePiece (BPE by default) and
-    tokenizes with `tensorflow_text.SentencepieceTokenizer`, a TF op, so the
-    same tokenizer runs in `tf.data` and inside an exported SavedModel.
+    tokenizes with the `sentencepiece` library on every core, with no
+    TensorFlow. The exported SavedModel runs the same model file through
+    tensorflow-text's op (`keras_transformer.export`).
 
     Text is kept exactly: no Unicode normalization, no whitespace collapsing
     (leading, inner or trailing), and characters outside the vocabulary fall
@@ -85,31 +64,8 @@ class SubwordTokenizer:
 
     def __init__(self, proto):
         self.proto = bytes(proto)
-        self.vocabulary_size = sentencepiece.SentencePieceProcessor(
-            model_proto=self.proto
-        ).vocab_size()
-        # Fixed signatures: one trace each, whatever the batch.
-        self._tokenize = tf.function(
-            lambda strings: self._graph_tokenizer().tokenize(strings),
-            input_signature=[tf.TensorSpec([None], tf.string)],
-        )
-        self._detokenize = tf.function(
-            lambda ids: detokenize_exactly(self._graph_tokenizer(), ids),
-            input_signature=[tf.RaggedTensorSpec([None, None], tf.int32, 1)],
-        )
-        self._id_to_piece = tf.function(
-            lambda ids: self._graph_tokenizer().id_to_string(ids),
-            input_signature=[tf.TensorSpec([None], tf.int32)],
-        )
-
-    def _graph_tokenizer(self):
-        # Made inside each traced graph, which then owns its copy of the
-        # model. A tokenizer made eagerly keeps the model in TensorFlow's
-        # eager kernel cache, which `tf.random.set_seed` (and so
-        # `keras.utils.set_random_seed`) clears, breaking the tokenizer.
-        return tensorflow_text.SentencepieceTokenizer(
-            model=self.proto, out_type=tf.int32
-        )
+        self._processor = sentencepiece.SentencePieceProcessor(model_proto=self.proto)
+        self.vocabulary_size = self._processor.vocab_size()
 
     @classmethod
     def train(
@@ -200,12 +156,13 @@ class SubwordTokenizer:
         return cls(model.getvalue())
 
     def save(self, directory):
-        """Writes `subword.model` and `subword.json` into `directory`."""
+        """Writes `subword.model` and `subword.json` into `directory`, each
+        through a temporary file, so a crash leaves no torn vocabulary."""
         os.makedirs(directory, exist_ok=True)
-        with open(os.path.join(directory, MODEL_FILE), "wb") as file:
-            file.write(self.proto)
-        with open(os.path.join(directory, CONFIG_FILE), "w") as file:
-            json.dump(
+        write_atomically(os.path.join(directory, MODEL_FILE), self.proto)
+        write_atomically(
+            os.path.join(directory, CONFIG_FILE),
+            json.dumps(
                 {
                     "vocabulary_size": self.vocabulary_size,
                     "padding_id": self.padding_id,
@@ -213,9 +170,9 @@ class SubwordTokenizer:
                     "bos_id": self.bos_id,
                     "eos_id": self.eos_id,
                 },
-                file,
                 indent=2,
-            )
+            ),
+        )
 
     @classmethod
     def load(cls, directory):
@@ -233,9 +190,9 @@ class SubwordTokenizer:
         except RuntimeError as error:  # SentencePiece's parse failure
             raise ValueError(
                 f"{model_path} cannot be read as a SentencePiece model "
-                f"({str(error).strip().splitlines()[0]}). Expected the file "
-                "SubwordTokenizer.save writes; it may be truncated or "
-                "overwritten."
+                f"({str(error).strip().splitlines()[0] if str(error).strip() else 'empty'}). "
+                "Expected the file SubwordTokenizer.save writes; it may be "
+                "truncated or overwritten."
             ) from None
         config_path = os.path.join(directory, CONFIG_FILE)
         if os.path.isfile(config_path):
@@ -249,40 +206,62 @@ class SubwordTokenizer:
                 )
         return tokenizer
 
-    def tokenize(self, strings):
+    def fingerprint(self):
+        """A short hash of the vocabulary, to tell data tokenized by it."""
+        import hashlib
+
+        return hashlib.sha256(self.proto).hexdigest()[:16]
+
+    def tokenize(self, strings, num_threads=None):
         """Subword ids of each string, without BOS or EOS.
 
-        Works eagerly, in `tf.data` and in `tf.function` graphs.
-
         Args:
-            strings: a string, or a list or 1-D tensor of strings.
+            strings: a string, or a sequence of strings.
+            num_threads: threads for a sequence (default: every core).
 
         Returns:
-            int32 ids: a 1-D tensor for one string, a `tf.RaggedTensor`
-            `[batch, None]` for several.
+            A list of int ids for one string, a list of such lists for a
+            sequence.
         """
-        strings = tf.convert_to_tensor(strings, tf.string)
-        if strings.shape.rank == 0:
-            return self._tokenize(strings[None])[0]
-        return self._tokenize(strings)
+        if isinstance(strings, str):
+            return self._processor.encode(strings)
+        strings = list(strings)
+        for index, text in enumerate(strings):
+            if not isinstance(text, str):
+                raise TypeError(
+                    f"`strings[{index}]` must be a str. Received: "
+                    f"{type(text).__name__} {text!r:.60}"
+                )
+        return self._processor.encode(strings, num_threads=num_threads or os.cpu_count() or 1)
 
     def detokenize(self, ids):
         """Text from ids; padding, BOS and EOS ids are dropped.
 
         Args:
-            ids: 1-D ids, or `[batch, length]` ids (dense with padding, or
-                ragged).
+            ids: 1-D ids (a list or array), or `[batch, length]` ids (a list
+                of lists, or an array padded with 0).
 
         Returns:
-            A string tensor: a scalar for 1-D ids, `[batch]` otherwise.
+            A string for 1-D ids, a list of strings otherwise.
         """
-        if not isinstance(ids, tf.RaggedTensor):
-            ids = tf.convert_to_tensor(ids, tf.int32)
-            if ids.shape.rank == 1:
-                return self.detokenize(ids[None])[0]
-            ids = tf.RaggedTensor.from_tensor(ids)
-        return self._detokenize(tf.cast(ids, tf.int32))
+        if isinstance(ids, np.ndarray) or hasattr(ids, "shape"):
+            ids = np.asarray(ids).tolist()
+        ids = list(ids)
+        if ids and not isinstance(ids[0], (int, np.integer)):
+            return [self._detokenize_row(row) for row in ids]
+        return self._detokenize_row(ids)
+
+    def _detokenize_row(self, ids):
+        dropped = (self.padding_id, self.bos_id, self.eos_id)
+        kept = [int(i) for i in ids if i not in dropped]
+        text = self._processor.decode(kept)
+        pieces = "".join(self._processor.id_to_piece(kept))
+        marks = len(pieces) - len(pieces.lstrip(SPACE_MARK))
+        # The first mark is the dummy prefix, the others were spaces; some
+        # SentencePiece versions decode those spaces, others drop them.
+        kept_spaces = len(text) - len(text.lstrip(" "))
+        return " " * max(marks - 1 - kept_spaces, 0) + text
 
     def id_to_piece(self, ids):
         """The subword piece of each id, for display."""
-        return self._id_to_piece(tf.reshape(tf.convert_to_tensor(ids, tf.int32), [-1]))
+        return [self._processor.id_to_piece(int(i)) for i in np.asarray(ids).reshape(-1)]

@@ -48,9 +48,7 @@ def cross_attention_map(translator, text, layer=-1):
         np.array([source_ids], "int32"), decoder_input
     )[layer]
     weights = ops.convert_to_numpy(ops.mean(weights[0], axis=0))  # [T, S]
-    translation = translator.tokenizer.detokenize(
-        np.array(target_ids, "int32")
-    ).numpy().decode("utf-8")
+    translation = translator.tokenizer.detokenize(target_ids)
     return (
         translation,
         _pieces(translator.tokenizer, source_ids),
@@ -97,4 +95,4 @@ def plot_cross_attention(translator, text, path, layer=-1):
 
 
 def _pieces(tokenizer, ids):
-    return [p.decode("utf-8") for p in tokenizer.id_to_piece(ids).numpy()]
+    return tokenizer.id_to_piece(ids)

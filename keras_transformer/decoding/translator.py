@@ -7,7 +7,6 @@ import zipfile
 
 import keras
 import numpy as np
-import tensorflow as tf
 from keras import ops
 
 from keras_transformer.checks import describe_error
@@ -391,7 +390,7 @@ class Translator:
         lines = [i for i, text in enumerate(texts) if text.strip()]
         if not lines:
             return {}
-        tokenized = self.tokenizer.tokenize([texts[i] for i in lines]).to_list()
+        tokenized = self.tokenizer.tokenize([texts[i] for i in lines])
         sources = {}
         for i, ids in zip(lines, tokenized):
             if len(ids) + 1 > self.max_source_length:
@@ -432,8 +431,7 @@ class Translator:
             if self.tokenizer.eos_id in ids:
                 ids = ids[: ids.index(self.tokenizer.eos_id)]
             rows.append([t for t in ids if t != 0])
-        strings = self.tokenizer.detokenize(tf.ragged.constant(rows, dtype=tf.int32, ragged_rank=1))
-        return [s.decode("utf-8") for s in strings.numpy()]
+        return [self.tokenizer.detokenize(row) for row in rows]
 
     def get_config(self):
         return {

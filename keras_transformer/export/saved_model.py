@@ -25,7 +25,8 @@ import tensorflow as tf
 import tensorflow_text
 
 from keras_transformer.data.pipeline import bucket_lengths
-from keras_transformer.data.tokenizer import detokenize_exactly
+from keras_transformer.data.tokenizer import SPACE_MARK
+from keras_transformer.data.tokenizer import SubwordTokenizer
 from keras_transformer.decoding.translator import search_translations
 
 TEXT_SIGNATURE = "serving_default"
@@ -148,6 +149,27 @@ def _settings(translator, max_request_tokens):
             IDS_SIGNATURE: "source_ids -> target_ids, score",
         },
     }
+
+
+def detokenize_exactly(sentencepiece_op, ids):
+    """Text from `[batch, None]` ragged ids, with the spaces it began with.
+
+    The graph twin of `SubwordTokenizer.detokenize`: `sentencepiece_op` is a
+    `tensorflow_text.SentencepieceTokenizer`. Padding, BOS and EOS ids are
+    dropped; SentencePiece decodes the rest, and the leading spaces its
+    decoder drops (the marks after the first) are put back.
+    """
+    kept = tf.ragged.boolean_mask(
+        ids,
+        (ids != SubwordTokenizer.padding_id)
+        & (ids != SubwordTokenizer.bos_id)
+        & (ids != SubwordTokenizer.eos_id),
+    )
+    text = sentencepiece_op.detokenize(kept)
+    pieces = tf.strings.reduce_join(sentencepiece_op.id_to_string(kept), axis=-1)
+    marks = tf.strings.regex_replace(pieces, f"(?s)^{SPACE_MARK}({SPACE_MARK}*).*$", r"\1")
+    marks = tf.where(tf.strings.regex_full_match(pieces, f"(?s){SPACE_MARK}.*"), marks, "")
+    return tf.strings.regex_replace(marks, SPACE_MARK, " ") + text
 
 
 def max_source_bytes(translator):

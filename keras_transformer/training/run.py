@@ -26,11 +26,18 @@ import time
 
 import keras
 
+from keras_transformer.data.batches import TokenBatches
 from keras_transformer.data.corpus import concatenate
 from keras_transformer.data.corpus import read_json_object
 from keras_transformer.data.corpus import read_parallel_text
 from keras_transformer.data.corpus import write_atomically
 from keras_transformer.data.pipeline import make_dataset
+from keras_transformer.data.prepared import is_prepared
+from keras_transformer.data.prepared import load_prepared
+from keras_transformer.data.prepared import VOCABULARY_SAMPLE_PAIRS
+from keras_transformer.data.prepared import prepare_dataset
+from keras_transformer.data.prepared import read_pairs
+from keras_transformer.data.prepared import sample_pairs
 from keras_transformer.data.tokenizer import MODEL_FILE as VOCABULARY_FILE
 from keras_transformer.data.tokenizer import SubwordTokenizer
 from keras_transformer.decoding.translator import Translator
@@ -48,6 +55,9 @@ from keras_transformer.training.trainer import fit
 
 CONFIG_FILE = "train_config.json"
 HISTORY_FILE = "history.jsonl"
+# Where `train` prepares the training text it is given, once per run.
+PREPARED_DIR = "data"
+
 MODEL_ARGUMENTS = (
     "num_layers",
     "d_model",
@@ -74,7 +84,11 @@ class TrainingConfig:
         model_dir: where checkpoints, logs, the vocabulary and the trained
             translator go.
         train_source, train_target: training files, line-aligned (plain or
-            .gz); lists are read one after the other.
+            .gz); lists are read one after the other. They are tokenized
+            once into `model_dir/data/`, which a resumed run reads instead.
+        train_data: a directory written by `prepare_dataset` (or
+            `keras-transformer prepare`), in place of the training files;
+            its vocabulary is the run's.
         valid_source, valid_target: validation files: the validation loss
             and greedy BLEU at each checkpoint, and nothing else.
         vocabulary: a directory holding `subword.model` to reuse; a new
@@ -112,6 +126,7 @@ class TrainingConfig:
     train_target: list
     valid_source: list
     valid_target: list
+    train_data: str = None
     vocabulary: str = None
     vocabulary_size: int = 8000
     preset: str = "small"
@@ -142,6 +157,8 @@ class TrainingConfig:
         self.model_dir = os.fspath(self.model_dir)
         if self.vocabulary is not None:
             self.vocabulary = os.fspath(self.vocabulary)
+        if self.train_data is not None:
+            self.train_data = os.fspath(self.train_data)
         self.model = dict(self.model or {})
 
     # === Checks, before anything runs ===
@@ -228,7 +245,24 @@ class TrainingConfig:
         if problems:
             raise ValueError("Invalid training configuration: " + "; ".join(problems) + ".")
 
-        for side in ("train", "valid"):
+        if self.train_data is not None:
+            if self.train_source or self.train_target:
+                raise ValueError(
+                    "Give either train_data (a prepared directory) or train_source and "
+                    f"train_target (text files), not both; received train_data={self.train_data!r} "
+                    f"and {self.train_source} | {self.train_target}."
+                )
+            if not is_prepared(self.train_data):
+                raise FileNotFoundError(
+                    f"No prepared dataset in {self.train_data}: expected the manifest.json that "
+                    "`keras-transformer prepare` writes last."
+                )
+            if self.vocabulary is not None:
+                raise ValueError(
+                    f"train_data {self.train_data} brings its own vocabulary; received "
+                    f"vocabulary={self.vocabulary!r} too."
+                )
+        for side in ("valid",) if self.train_data is not None else ("train", "valid"):
             sources, targets = getattr(self, f"{side}_source"), getattr(self, f"{side}_target")
             if not sources or len(sources) != len(targets):
                 raise ValueError(
@@ -368,15 +402,15 @@ def train_translator(config, resume=False, log=print, verbose=0):
     keras.utils.set_random_seed(config.seed)
     started = time.time()
 
-    train = read_corpus(config.train_source, config.train_target, "train")
+    tokenizer = _vocabulary(config, log)
+    train = _training_pairs(config, tokenizer, log)
     valid = read_corpus(config.valid_source, config.valid_target, "valid")[: config.valid_pairs]
-    log(f"{train.summary()}\n{valid.summary()}")
-    tokenizer = _vocabulary(config, train, log)
+    log(valid.summary())
 
     distribution = Distribution()
     log(f"{distribution}")
-    train_data = make_dataset(
-        train, tokenizer, config.tokens_per_batch, max_length=config.max_tokens,
+    train_data = TokenBatches(
+        train, config.tokens_per_batch, max_length=config.max_tokens,
         repeat=True, seed=config.seed, batch_multiple=distribution.num_replicas,
     )
     valid_data = make_dataset(
@@ -433,22 +467,56 @@ def train_translator(config, resume=False, log=print, verbose=0):
     return translator
 
 
-def _vocabulary(config, train, log):
+def _vocabulary(config, log):
     """The run's vocabulary: its own when resuming, the given one, or new."""
     own = os.path.join(config.model_dir, VOCABULARY_FILE)
+    given = config.train_data or config.vocabulary
     if os.path.isfile(own):
         tokenizer = SubwordTokenizer.load(config.model_dir)
         log(f"vocabulary: {tokenizer.vocabulary_size} pieces from {config.model_dir}")
-    elif config.vocabulary is not None:
-        tokenizer = SubwordTokenizer.load(config.vocabulary)
+    elif given is not None:
+        tokenizer = SubwordTokenizer.load(given)
         tokenizer.save(config.model_dir)
-        log(f"vocabulary: {tokenizer.vocabulary_size} pieces from {config.vocabulary}")
+        log(f"vocabulary: {tokenizer.vocabulary_size} pieces from {given}")
     else:
         start = time.time()
-        tokenizer = SubwordTokenizer.train(train, config.vocabulary_size, seed=config.seed)
+        # A uniform sample of a stream: memory does not grow with the corpus.
+        pairs = sample_pairs(
+            read_pairs(config.train_source, config.train_target), VOCABULARY_SAMPLE_PAIRS, config.seed
+        )
+        if not pairs:
+            raise ValueError(
+                f"The training files hold no pair with two non-empty sides: "
+                f"{config.train_source} | {config.train_target}."
+            )
+        tokenizer = SubwordTokenizer.train(pairs, config.vocabulary_size, seed=config.seed)
+        del pairs
         tokenizer.save(config.model_dir)
         log(
             f"vocabulary: trained {tokenizer.vocabulary_size} shared BPE pieces in "
             f"{time.time() - start:.0f}s"
         )
     return tokenizer
+
+
+def _training_pairs(config, tokenizer, log):
+    """The training pairs as mapped arrays: the given prepared set, the
+    run's own (prepared at its start), or prepared now from the text."""
+    if config.train_data is not None:
+        pairs = load_prepared(config.train_data, tokenizer)
+        where = config.train_data
+    else:
+        where = os.path.join(config.model_dir, PREPARED_DIR)
+        if is_prepared(where):
+            pairs = load_prepared(where, tokenizer)
+        else:
+            start = time.time()
+            pairs = prepare_dataset(config.train_source, config.train_target, tokenizer, where)
+            log(f"prepared the training text into {where} in {format_duration(time.time() - start)}")
+    manifest = pairs.manifest
+    left_out = manifest["left_out"]
+    log(
+        f"train: {manifest['pairs']} pairs from {where}; skipped {left_out['empty_side']} with an "
+        f"empty side, {left_out['too_long']} over 65,534 tokens"
+    )
+    return pairs

@@ -6,6 +6,7 @@ import os
 import keras
 import numpy as np
 
+from keras_transformer.environment import tensorflow_beside_backend
 from keras_transformer.losses import LabelSmoothedCrossEntropy
 from keras_transformer.metrics import MaskedTokenAccuracy
 from keras_transformer.metrics import Perplexity
@@ -94,6 +95,14 @@ class StopAtStep(keras.callbacks.Callback):
             self.model.stop_training = True
 
 
+def _from_step(dataset, step):
+    """The batches from batch `step` on: by index, without replaying those
+    before it, where the dataset can."""
+    if hasattr(dataset, "starting_at"):
+        return dataset.starting_at(step)
+    return dataset.skip(step)
+
+
 def fit(
     model,
     dataset,
@@ -120,9 +129,10 @@ def fit(
     Args:
         model: a compiled `Transformer` (see `compile_model`), built in the
             `Distribution` scope when training on several devices.
-        dataset: an endless `tf.data.Dataset` of batches, such as
-            `make_dataset(..., repeat=True, seed=0)`.
-        model_dir: where checkpoints and TensorBoard logs go.
+        dataset: endless batches: `TokenBatches`, such as
+            `make_dataset(..., repeat=True, seed=0)`, or a `tf.data.Dataset`.
+        model_dir: where checkpoints and TensorBoard logs (where TensorFlow is
+            installed) go.
         train_steps: the total number of optimizer steps.
         checkpoint_every: the checkpoint (and validation) interval, in steps.
         keep_checkpoints: how many checkpoints to keep, for averaging.
@@ -150,8 +160,10 @@ def fit(
         SaveCheckpoints(checkpoint_dir, keep=keep_checkpoints),
         StopOnNonFiniteLoss(),
         *callbacks,
-        keras.callbacks.TensorBoard(os.path.join(model_dir, "logs")),
     ]
+    # Keras writes TensorBoard logs through TensorFlow, which is optional.
+    if tensorflow_beside_backend() is not None:
+        callbacks.append(keras.callbacks.TensorBoard(os.path.join(model_dir, "logs")))
     # An epoch is one checkpoint interval: Keras validates and the callbacks
     # write a checkpoint at its end. A run resumed between two multiples of
     # `checkpoint_every` (one that stopped at its `train_steps`, then was
@@ -159,7 +171,7 @@ def fit(
     if done % checkpoint_every:
         stop = min(train_steps, (done // checkpoint_every + 1) * checkpoint_every)
         model.fit(
-            dataset.skip(done),
+            _from_step(dataset, done),
             initial_epoch=done // checkpoint_every,
             epochs=done // checkpoint_every + 1,
             steps_per_epoch=stop - done,
@@ -173,7 +185,7 @@ def fit(
         # The last interval may be shorter: StopAtStep ends it at
         # `train_steps`, and Keras still validates and checkpoints it.
         model.fit(
-            dataset.skip(done),
+            _from_step(dataset, done),
             initial_epoch=done // checkpoint_every,
             epochs=math.ceil(train_steps / checkpoint_every),
             steps_per_epoch=checkpoint_every,

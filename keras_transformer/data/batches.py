@@ -1,0 +1,264 @@
+"""Token-bucketed batches from a length index, the same on every backend.
+
+Section 5.1: "Sentence pairs were batched together by approximate sequence
+length. Each training batch contained a set of sentence pairs containing
+approximately 25000 source tokens and 25000 target tokens."
+
+Batch k of a run is a function of (seed, k) alone: epoch e = k // B (B
+batches an epoch) shuffles each bucket's pairs and then the order of the
+batches with generators seeded by (seed, e). A run resumed at step k starts
+at batch k without replaying the data, and sees what an uninterrupted run
+would have seen.
+"""
+
+import copy
+import numbers
+import threading
+import warnings
+
+import keras
+import numpy as np
+
+from keras_transformer.data.tokenizer import SubwordTokenizer
+
+BOS_ID = SubwordTokenizer.bos_id
+EOS_ID = SubwordTokenizer.eos_id
+
+
+def bucket_lengths(max_length, min_length=8, step=1.1):
+    """Padded lengths that batches round up to: 8, 9, ..., growing ~10%.
+
+    Rounding every batch to one of these lengths keeps padding to about 5%
+    while giving compiled backends (XLA, `jax.jit`) a few dozen shapes to
+    compile instead of one per batch.
+    """
+    lengths = []
+    length = min(min_length, max_length)
+    while length < max_length:
+        lengths.append(length)
+        length = max(length + 1, int(length * step))
+    return lengths + [max_length]
+
+
+class TokenBatches(keras.utils.PyDataset):
+    """Batches of `TokenizedPairs` sized by token count, for `model.fit`.
+
+    The source gets EOS, the decoder input is BOS + target (the target
+    shifted right), and the labels are target + EOS. A batch of bucket
+    length L holds `tokens_per_batch // L` pairs, each side padded with 0 to
+    L tokens, so padded source (or target) ids never exceed
+    `tokens_per_batch`. The last batch of a bucket in an epoch is filled up
+    with rows of padding, which the loss and the metrics ignore, so every
+    batch of a bucket has one shape: XLA and `jax.jit` compile one program
+    per bucket length. Pairs longer than `max_length` are left out, with a
+    warning that counts them.
+
+    Args:
+        pairs: `TokenizedPairs` (in memory, or mapped by `load_prepared`).
+        tokens_per_batch: the budget of padded tokens per side per batch.
+        max_length: the longest pair kept, in tokens with EOS (or BOS).
+        shuffle: shuffle each epoch anew; otherwise batches go bucket by
+            bucket in corpus order, the same every epoch.
+        repeat: batches without end (batch k is epoch k // B's batch k % B),
+            for `model.fit(steps_per_epoch=...)`; otherwise one epoch.
+        seed: the shuffle's seed; None draws one from NumPy's global
+            generator (which `keras.utils.set_random_seed` seeds).
+        batch_multiple: full batches hold a multiple of this many pairs,
+            such as the number of data-parallel replicas.
+        bucket_step: each bucket length is about this factor longer than
+            the one before; coarser steps give fewer shapes, more padding.
+        shard: `(index, count)`: this process's share of each batch's rows,
+            for `count` processes training on the same batches.
+        **kwargs: `keras.utils.PyDataset`'s `workers`,
+            `use_multiprocessing` and `max_queue_size`.
+
+    Each item is `({"source_ids", "target_ids"}, labels)`, int32
+    `[batch, length]` NumPy arrays.
+    """
+
+    def __init__(
+        self,
+        pairs,
+        tokens_per_batch,
+        max_length=256,
+        shuffle=True,
+        repeat=False,
+        seed=None,
+        batch_multiple=1,
+        bucket_step=1.1,
+        shard=(0, 1),
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if len(pairs) == 0:
+            raise ValueError("Cannot batch an empty corpus. Received: 0 pairs")
+        for name, value, least in (
+            ("max_length", max_length, 2),  # at least one token and EOS
+            ("tokens_per_batch", tokens_per_batch, 1),
+            ("batch_multiple", batch_multiple, 1),
+        ):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+                raise ValueError(f"`{name}` must be an integer >= {least}. Received: {name}={value!r}")
+        if tokens_per_batch < max_length:
+            raise ValueError(
+                "`tokens_per_batch` must hold at least one pair of `max_length` "
+                f"tokens. Received: tokens_per_batch={tokens_per_batch}, "
+                f"max_length={max_length}"
+            )
+        if not (isinstance(bucket_step, (int, float)) and 1.0 <= bucket_step <= 4.0):
+            raise ValueError(
+                f"`bucket_step` must be a number from 1 to 4. Received: bucket_step={bucket_step!r}"
+            )
+        index, count = shard
+        if not (0 <= index < count) or batch_multiple % count:
+            raise ValueError(
+                f"`shard` must be (index, count) with 0 <= index < count, and count must divide "
+                f"batch_multiple. Received: shard={shard!r}, batch_multiple={batch_multiple}"
+            )
+        self.pairs = pairs
+        self.tokens_per_batch = tokens_per_batch
+        self.max_length = max_length
+        self.shuffle = shuffle
+        self.repeat = repeat
+        self.seed = int(np.random.randint(2**31)) if seed is None else int(seed)
+        self.shard = (index, count)
+        self.vocabulary_size = pairs.vocabulary_size
+        self.lengths = np.array(bucket_lengths(max_length, step=bucket_step), np.int64)
+        self.batch_sizes = np.array(
+            [max(batch_multiple, tokens_per_batch // n // batch_multiple * batch_multiple) for n in self.lengths]
+        )
+        pair_lengths = pairs.pair_lengths()
+        too_long = int((pair_lengths > max_length).sum())
+        if too_long == len(pair_lengths):
+            raise ValueError(
+                f"Every pair is longer than max_length={max_length} subword tokens "
+                f"(EOS or BOS included), so no batch can be made. The shortest "
+                f"pair has {int(pair_lengths.min())} tokens."
+            )
+        if too_long:
+            warnings.warn(
+                f"Batching leaves out {too_long} of {len(pair_lengths)} pairs "
+                f"({too_long / len(pair_lengths):.1%}) with a side longer than "
+                f"max_length={max_length} subword tokens.",
+                stacklevel=2,
+            )
+        # uint8 [pairs]: each pair's bucket; len(lengths) marks one left out.
+        self._bucket = np.searchsorted(self.lengths, pair_lengths).astype(np.uint8)
+        del pair_lengths
+        self.pairs_per_bucket = np.bincount(self._bucket, minlength=len(self.lengths) + 1)[:-1]
+        self._bucket_ends = np.cumsum(self.pairs_per_bucket)  # where each ends in a plan's order
+        self.left_out = too_long
+        self.batches_per_epoch = int(sum(-(-n // size) for n, size in zip(self.pairs_per_bucket, self.batch_sizes)))
+        self._start = 0
+        self._epoch = 0  # without `repeat`: which epoch `model.fit` is in
+        self._plans = {}
+        self._lock = threading.Lock()
+
+    # === Which pairs make batch k ===
+
+    @property
+    def num_batches(self):
+        return None if self.repeat else self.batches_per_epoch
+
+    def __len__(self):
+        if self.repeat:
+            raise TypeError("Batches that repeat without end have no length.")
+        return self.batches_per_epoch
+
+    def on_epoch_end(self):
+        self._epoch += 1
+
+    def starting_at(self, step):
+        """The same batches, from batch `step` on: what a resumed run sees."""
+        resumed = copy.copy(self)
+        resumed._start = self._start + int(step)
+        return resumed
+
+    def _plan(self, epoch):
+        """Epoch `epoch`'s pairs, grouped into batches.
+
+        Returns:
+            `(order, starts, buckets)`: order int32 `[pairs kept]` holds pair
+            indices; batch i is `order[starts[i]:starts[i] + size]` of
+            bucket `buckets[i]`.
+        """
+        with self._lock:
+            if epoch not in self._plans:
+                self._plans = {epoch: self._make_plan(epoch)}  # one epoch held
+            return self._plans[epoch]
+
+    def _make_plan(self, epoch):
+        seed = [self.seed, epoch] if self.shuffle else None
+        order = np.empty(int(self.pairs_per_bucket.sum()), np.int32)
+        starts, buckets = [], []
+        position = 0
+        for bucket, count in enumerate(self.pairs_per_bucket):
+            if not count:
+                continue
+            members = np.flatnonzero(self._bucket == bucket).astype(np.int32)
+            if self.shuffle:
+                np.random.default_rng([*seed, bucket]).shuffle(members)
+            order[position : position + count] = members
+            starts.append(position + np.arange(0, count, self.batch_sizes[bucket]))
+            buckets.append(np.full(len(starts[-1]), bucket, np.int32))
+            position += count
+        starts, buckets = np.concatenate(starts), np.concatenate(buckets)
+        if self.shuffle:
+            batch_order = np.random.default_rng(seed).permutation(len(starts))
+            starts, buckets = starts[batch_order], buckets[batch_order]
+        return order, starts, buckets
+
+    def pair_indices(self, index):
+        """The pairs of item `index` (global batch rows, before sharding),
+        and its bucket length."""
+        step = self._start + index
+        if self.repeat:
+            epoch, step = divmod(step, self.batches_per_epoch)
+        elif step >= self.batches_per_epoch:
+            raise IndexError(f"Batch {index} of an epoch of {self.batches_per_epoch}.")
+        else:
+            epoch = self._epoch
+        order, starts, buckets = self._plan(epoch)
+        bucket = buckets[step]
+        end = min(starts[step] + self.batch_sizes[bucket], self._bucket_ends[bucket])
+        return order[starts[step] : end], bucket
+
+    # === Ids ===
+
+    def __getitem__(self, index):
+        members, bucket = self.pair_indices(index)
+        rows, columns = int(self.batch_sizes[bucket]), int(self.lengths[bucket])
+        shard, shards = self.shard
+        share = rows // shards
+        members = members[shard * share : (shard + 1) * share]
+        pairs = self.pairs
+        source_ids, _, _ = _padded(pairs.source_ids, pairs.source_offsets, pairs.source_lengths, members, share, columns)
+        target_ids, labels, _ = _padded(
+            pairs.target_ids, pairs.target_offsets, pairs.target_lengths, members, share, columns, decoder=True
+        )
+        return {"source_ids": source_ids, "target_ids": target_ids}, labels
+
+
+def _padded(ids, offsets, lengths, members, rows, columns, decoder=False):
+    """`[rows, columns]` int32 ids of `members`, then rows of padding.
+
+    Returns:
+        Without `decoder`: (ids + EOS, None, n); with it: (BOS + ids,
+        ids + EOS, n), n being each member's length.
+    """
+    n = lengths[members].astype(np.int64)
+    starts = offsets[members]
+    ends = np.cumsum(n)
+    row = np.repeat(np.arange(len(members)), n)
+    column = np.arange(ends[-1] if len(n) else 0) - np.repeat(ends - n, n)
+    values = ids[np.repeat(starts, n) + column].astype(np.int32)
+    members_rows = np.arange(len(members))
+    with_eos = np.zeros((rows, columns), np.int32)
+    with_eos[row, column] = values
+    with_eos[members_rows, n] = EOS_ID
+    if not decoder:
+        return with_eos, None, n
+    with_bos = np.zeros((rows, columns), np.int32)
+    with_bos[members_rows, 0] = BOS_ID
+    with_bos[row, column + 1] = values
+    return with_bos, with_eos, n
