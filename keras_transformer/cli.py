@@ -132,6 +132,15 @@ def plot_attention(args):
 
 
 def export(args):
+    try:
+        import tensorflow  # noqa: F401
+        import tensorflow_text  # noqa: F401
+    except ImportError as error:
+        raise ValueError(
+            f"export writes a TensorFlow SavedModel for TF Serving, which needs TensorFlow and "
+            f"tensorflow-text ({error}): pip install \"keras-transformer[export]\". A model "
+            "trained under JAX or PyTorch exports as it is."
+        ) from None
     from keras_transformer.export import export_new_version
     from keras_transformer.export import export_saved_model
     from keras_transformer.export.saved_model import DEFAULT_MAX_REQUEST_TOKENS

@@ -5,8 +5,11 @@ training code that knows the backend.
   names several workers, else `MirroredStrategy` over the given devices or
   every local GPU, else the default (single-device) strategy.
 - JAX: `keras.distribution.DataParallel` over every device;
-  `jax.distributed.initialize()` first when `JAX_COORDINATOR_ADDRESS` is set
-  (one process per machine).
+  `keras.distribution.initialize()` (which calls `jax.distributed.initialize`)
+  first when `JAX_COORDINATOR_ADDRESS` is set, with `JAX_NUM_PROCESSES` and
+  `JAX_PROCESS_ID` where no cluster manager (SLURM, Open MPI, Kubernetes,
+  Cloud TPU) tells JAX. One process per machine; each feeds its own rows of
+  every global batch (`data_shard`).
 - torch: one device. Keras has no multi-device data parallelism for torch.
 """
 
@@ -23,6 +26,14 @@ class Distribution:
     Build and compile the model inside `scope()`. The global batch is what
     the dataset yields; each replica gets `1 / num_replicas` of it.
 
+    Attributes:
+        num_replicas: the devices the global batch is split over, in all
+            processes together.
+        data_shard: `(index, count)`: this process feeds rows
+            `index / count` of each global batch, as `TokenBatches(shard=)`
+            gives them. `(0, 1)` but for JAX over several processes;
+            TensorFlow's strategies split the batch each worker feeds.
+
     Args:
         devices: TensorFlow or JAX device names to replicate over (such as
             `["/cpu:0", "/cpu:1"]` or JAX's devices); every accelerator when
@@ -32,6 +43,7 @@ class Distribution:
     def __init__(self, devices=None):
         self.backend = keras.backend.backend()
         self._strategy = None
+        self.data_shard = (0, 1)
         if self.backend == "tensorflow":
             self._strategy = _tensorflow_strategy(devices)
             self.num_replicas = self._strategy.num_replicas_in_sync
@@ -42,12 +54,20 @@ class Distribution:
                 os.environ.get("JAX_COORDINATOR_ADDRESS")
                 and not jax.distributed.is_initialized()
             ):
-                jax.distributed.initialize()
+                # Keras's initialize also agrees on one seed when none is set.
+                keras.distribution.initialize(
+                    os.environ["JAX_COORDINATOR_ADDRESS"],
+                    _int_or_none(os.environ.get("JAX_NUM_PROCESSES")),
+                    _int_or_none(os.environ.get("JAX_PROCESS_ID")),
+                )
             devices = devices if devices is not None else jax.devices()
             self.num_replicas = len(devices)
+            self.data_shard = (jax.process_index(), jax.process_count())
             if self.num_replicas > 1:
+                # Each process feeds its own shard, which Keras could only
+                # cut from a tf.data.Dataset itself.
                 keras.distribution.set_distribution(
-                    keras.distribution.DataParallel(devices=devices)
+                    keras.distribution.DataParallel(devices=devices, auto_shard_dataset=False)
                 )
         else:
             if devices is not None and len(devices) > 1:
@@ -69,7 +89,12 @@ class Distribution:
         kind = type(self._strategy).__name__ if self._strategy else "DataParallel"
         if self.num_replicas == 1 and self._strategy is None:
             kind = "single device"
-        return f"Distribution({self.backend}, {kind}, replicas={self.num_replicas})"
+        processes = f", processes={self.data_shard[1]}" if self.data_shard[1] > 1 else ""
+        return f"Distribution({self.backend}, {kind}, replicas={self.num_replicas}{processes})"
+
+
+def _int_or_none(value):
+    return None if value in (None, "") else int(value)
 
 
 def _tensorflow_strategy(devices):

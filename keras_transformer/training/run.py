@@ -412,6 +412,7 @@ def train_translator(config, resume=False, log=print, verbose=0):
     train_data = TokenBatches(
         train, config.tokens_per_batch, max_length=config.max_tokens,
         repeat=True, seed=config.seed, batch_multiple=distribution.num_replicas,
+        shard=distribution.data_shard,
     )
     valid_data = make_dataset(
         valid, tokenizer, config.tokens_per_batch, max_length=config.max_tokens, shuffle=False

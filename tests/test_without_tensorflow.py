@@ -1,0 +1,93 @@
+"""Under JAX and PyTorch the package trains, resumes, translates, evaluates
+and plots with no TensorFlow: each command runs in a process in which
+`import tensorflow` fails (tests/without_tensorflow/sitecustomize.py)."""
+
+import os
+import subprocess
+import sys
+
+import keras
+import pytest
+
+from keras_transformer.data import builtin_corpus
+
+pytestmark = pytest.mark.skipif(
+    keras.backend.backend() == "tensorflow",
+    reason="the TensorFlow backend is TensorFlow; JAX and PyTorch must do without it",
+)
+HOOK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "without_tensorflow")
+
+
+def cli(*arguments):
+    environment = dict(os.environ)
+    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [HOOK, environment.get("PYTHONPATH")]))
+    return subprocess.run(
+        [sys.executable, "-m", "keras_transformer", *map(str, arguments)],
+        capture_output=True, text=True, env=environment, timeout=600,
+    )
+
+
+def write(path, lines):
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("without_tensorflow")
+    train, valid = builtin_corpus("train", size=300, seed=4), builtin_corpus("valid", size=20)
+    files = {
+        name: write(directory / name, lines)
+        for name, lines in (
+            ("train.en", train.sources), ("train.de", train.targets),
+            ("valid.en", valid.sources), ("valid.de", valid.targets),
+        )
+    }
+    model_dir = directory / "run"
+    common = ["--model-dir", model_dir, "--preset", "tiny", "--num-layers", "1", "--vocabulary-size", 400,
+              "--tokens-per-batch", 1024, "--max-tokens", 48, "--checkpoint-every", 2,
+              "--valid-bleu-sentences", 0, "--log-every", 1, "--beam-size", 2, "--max-extra-length", 4]
+    first = cli("train", "--train-source", files["train.en"], "--train-target", files["train.de"],
+                "--valid-source", files["valid.en"], "--valid-target", files["valid.de"],
+                "--train-steps", 2, *common)
+    assert first.returncode == 0, first.stdout + first.stderr
+    resumed = cli("train", "--resume", "--model-dir", model_dir, "--train-steps", 4)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    return directory, model_dir, first, resumed
+
+
+def test_train_and_resume_without_tensorflow(trained):
+    _, model_dir, first, resumed = trained
+    assert "prepared the training text into" in first.stdout
+    assert "checkpoint at step 2" in first.stdout
+    # The resumed run reads the prepared arrays, not the text, and goes on.
+    assert "prepared the training text" not in resumed.stdout
+    assert f"train: 300 pairs from {model_dir / 'data'}" in resumed.stdout
+    assert "checkpoint at step 4" in resumed.stdout and "checkpoint at step 2" not in resumed.stdout
+    assert (model_dir / "model.keras").is_file()
+
+
+def test_translate_evaluate_and_plot_without_tensorflow(trained):
+    directory, model_dir, _, _ = trained
+    sources = builtin_corpus("test", size=3).sources
+    source = write(directory / "test.en", sources)
+    translated = cli("translate", "--model-dir", model_dir, "--input", source)
+    assert translated.returncode == 0, translated.stderr
+    assert len(translated.stdout.splitlines()) == len(sources)
+    evaluated = cli("evaluate", "--model-dir", model_dir, "--source", source,
+                    "--reference", write(directory / "test.de", builtin_corpus("test", size=3).targets))
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert "BLEU" in evaluated.stdout and "chrF" in evaluated.stdout
+    plotted = cli("plot-attention", "--model-dir", model_dir, "--text", sources[0],
+                  "--output", directory / "attention.png")
+    assert plotted.returncode == 0, plotted.stderr
+    assert (directory / "attention.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_export_says_what_to_install(trained):
+    _, model_dir, _, _ = trained
+    exported = cli("export", "--model-dir", model_dir, "--output", model_dir / "exported")
+    assert exported.returncode == 1
+    assert exported.stderr.strip().splitlines() == [exported.stderr.strip().splitlines()[-1]]
+    assert exported.stderr.startswith("error: export writes a TensorFlow SavedModel")
+    assert 'pip install "keras-transformer[export]"' in exported.stderr
