@@ -1,16 +1,13 @@
-"""Makes `import tensorflow` (and tensorflow-text) fail, as on a machine
-without them: on PYTHONPATH, Python runs this at start-up in every process."""
+"""Makes TensorFlow (and tensorflow-text) absent, as on a machine without
+them: on PYTHONPATH, Python runs this at start-up in every process.
+
+A None in `sys.modules` is Python's own mark of a module that cannot be
+imported: `import tensorflow` raises ModuleNotFoundError, and
+`importlib.util.find_spec("tensorflow")` answers None, as when it is not
+installed.
+"""
 
 import sys
 
-
-class _WithoutTensorFlow:
-    blocked = ("tensorflow", "tensorflow_text", "tensorflow_datasets", "tf_keras")
-
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in self.blocked:
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-        return None
-
-
-sys.meta_path.insert(0, _WithoutTensorFlow())
+for name in ("tensorflow", "tensorflow_text", "tensorflow_datasets", "tf_keras"):
+    sys.modules[name] = None
