@@ -1,0 +1,152 @@
+"""Data parallelism over several JAX processes, as on several machines.
+
+Two `keras-transformer train` processes on 127.0.0.1, joined by
+`jax.distributed` (JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES,
+JAX_PROCESS_ID), train one model, each feeding its own half of every global
+batch. They end with identical weights and optimizer state, and log the
+losses of one process training on the whole batches. Like the two TensorFlow
+workers of test_training.py, each writes its own model directory.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import keras
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    keras.backend.backend() != "jax",
+    reason="jax.distributed across processes is the JAX backend's engine; runs in the JAX pass",
+)
+
+STEPS = 4
+
+
+def command(*args):
+    return [sys.executable, "-m", "keras_transformer", *map(str, args)]
+
+
+def environment(**extra):
+    return dict(os.environ, KERAS_BACKEND="jax", **extra)
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A toy task (reverse six words), prepared once for every process:
+    with a 320-piece vocabulary every word is one piece."""
+    rng = np.random.default_rng(0)
+    words = ["".join(rng.choice(list("abcdefghij"), size=rng.integers(2, 5))) for _ in range(20)]
+    directory = tmp_path_factory.mktemp("corpus")
+    for split, size in (("train", 300), ("valid", 12)):
+        sources = [" ".join(rng.choice(words, 6)) for _ in range(size)]
+        targets = [" ".join(reversed(source.split())) for source in sources]
+        for side, lines in (("en", sources), ("de", targets)):
+            (directory / f"{split}.{side}").write_text("".join(line + "\n" for line in lines))
+    prepared = subprocess.run(
+        command("prepare", "--source", directory / "train.en", "--target", directory / "train.de",
+                "--output", directory / "prepared", "--vocabulary-size", 320),
+        env=environment(), capture_output=True, text=True, timeout=300,
+    )
+    assert prepared.returncode == 0, prepared.stderr[-3000:]
+    return directory
+
+
+def train(corpus, model_dir):
+    return command(
+        "train", "--train-data", corpus / "prepared",
+        "--valid-source", corpus / "valid.en", "--valid-target", corpus / "valid.de",
+        "--model-dir", model_dir, "--preset", "tiny", "--num-layers", 1,
+        "--tokens-per-batch", 512, "--max-tokens", 16, "--warmup-steps", 20,
+        "--train-steps", STEPS, "--checkpoint-every", 2, "--average", 2,
+        "--valid-bleu-sentences", 2, "--beam-size", 1,
+    )
+
+
+def wait_for_all(processes, timeout):
+    """Waits for processes that must all succeed; if one fails, the others
+    (waiting for it in a collective) are stopped."""
+    deadline = time.time() + timeout
+    while any(p.poll() is None for p in processes):
+        if any(p.returncode not in (None, 0) for p in processes) or time.time() > deadline:
+            for p in processes:
+                if p.poll() is None:
+                    p.kill()
+            break
+        time.sleep(0.2)
+    for p in processes:
+        p.wait()
+
+
+def final_state(model_dir):
+    """The last checkpoint's weights and optimizer variables, and the saved
+    translator's (averaged) weights."""
+    checkpoint = keras.saving.load_model(model_dir / "checkpoints" / f"ckpt-{STEPS:08d}.keras")
+    translator = keras.saving.load_model(model_dir / "model.keras")
+    return {
+        "step": int(keras.ops.convert_to_numpy(checkpoint.optimizer.iterations)),
+        "weights": checkpoint.get_weights(),
+        "optimizer": [keras.ops.convert_to_numpy(v) for v in checkpoint.optimizer.variables],
+        "translator": translator.get_weights(),
+        "paths": [v.path for v in checkpoint.weights],
+    }
+
+
+def losses(model_dir):
+    with open(model_dir / "history.jsonl") as file:
+        return [(r["step"], r["loss"], r["val_loss"]) for r in map(json.loads, file)]
+
+
+def test_two_processes_on_localhost_train_one_model_to_identical_weights(corpus, tmp_path):
+    port = free_port()
+    processes, logs = [], []
+    for i in range(2):
+        # Files, not pipes: a full pipe would stall one process, and with it the other.
+        logs.append((tmp_path / f"process{i}.out", tmp_path / f"process{i}.err"))
+        with open(logs[i][0], "w") as out, open(logs[i][1], "w") as err:
+            processes.append(subprocess.Popen(
+                train(corpus, tmp_path / f"process{i}"),
+                env=environment(
+                    JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+                    JAX_COORDINATOR_BIND_ADDRESS=f"127.0.0.1:{port}",  # not every interface
+                    JAX_NUM_PROCESSES="2",
+                    JAX_PROCESS_ID=str(i),
+                ),
+                stdout=out, stderr=err,
+            ))
+    wait_for_all(processes, timeout=300)
+    for i, (process, (out, err)) in enumerate(zip(processes, logs)):
+        assert process.returncode == 0, f"process {i} ({process.returncode}):\n{err.read_text()[-3000:]}"
+        assert "Distribution(jax, DataParallel, replicas=2, processes=2)" in out.read_text()
+
+    first, second = final_state(tmp_path / "process0"), final_state(tmp_path / "process1")
+    assert first["step"] == second["step"] == STEPS
+    for key in ("weights", "optimizer", "translator"):
+        for a, b in zip(first[key], second[key], strict=True):
+            np.testing.assert_array_equal(a, b)
+    # They trained: every layer normalization left its initial gamma 1, beta 0.
+    norms = [(p, w) for p, w in zip(first["paths"], first["weights"]) if p.endswith(("/gamma", "/beta"))]
+    assert len(norms) == 10
+    for path, weight in norms:
+        assert not np.allclose(weight, 1.0 if path.endswith("gamma") else 0.0, atol=1e-4), path
+
+    # The two halves make the global batch: one process training on it
+    # alone logs the same losses.
+    alone = subprocess.run(
+        train(corpus, tmp_path / "alone"), env=environment(), capture_output=True, text=True, timeout=300
+    )
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    assert "Distribution(jax, single device, replicas=1)" in alone.stdout
+    together, single = losses(tmp_path / "process0"), losses(tmp_path / "alone")
+    assert [step for step, *_ in together] == [step for step, *_ in single] == [2, 4]
+    np.testing.assert_allclose(together, single, rtol=1e-4)
