@@ -12,6 +12,7 @@ would have seen.
 """
 
 import copy
+import itertools
 import numbers
 import threading
 import warnings
@@ -208,16 +209,20 @@ class TokenBatches(keras.utils.PyDataset):
             starts, buckets = starts[batch_order], buckets[batch_order]
         return order, starts, buckets
 
-    def pair_indices(self, index):
-        """The pairs of item `index` (global batch rows, before sharding),
-        and its bucket length."""
+    def _epoch_and_step(self, index):
         step = self._start + index
         if self.repeat:
-            epoch, step = divmod(step, self.batches_per_epoch)
-        elif step >= self.batches_per_epoch:
+            return divmod(step, self.batches_per_epoch)
+        if step >= self.batches_per_epoch:
             raise IndexError(f"Batch {index} of an epoch of {self.batches_per_epoch}.")
-        else:
-            epoch = self._epoch
+        return self._epoch, step
+
+    def pair_indices(self, index):
+        """The pairs of item `index` (global batch rows, before sharding),
+        and its bucket."""
+        return self._pair_indices(*self._epoch_and_step(index))
+
+    def _pair_indices(self, epoch, step):
         order, starts, buckets = self._plan(epoch)
         bucket = buckets[step]
         end = min(starts[step] + self.batch_sizes[bucket], self._bucket_ends[bucket])
@@ -226,7 +231,10 @@ class TokenBatches(keras.utils.PyDataset):
     # === Ids ===
 
     def __getitem__(self, index):
-        members, bucket = self.pair_indices(index)
+        return self._batch(*self._epoch_and_step(index))
+
+    def _batch(self, epoch, step):
+        members, bucket = self._pair_indices(epoch, step)
         rows, columns = int(self.batch_sizes[bucket]), int(self.lengths[bucket])
         shard, shards = self.shard
         share = rows // shards
@@ -237,6 +245,36 @@ class TokenBatches(keras.utils.PyDataset):
             pairs.target_ids, pairs.target_offsets, pairs.target_lengths, members, share, columns, decoder=True
         )
         return {"source_ids": source_ids, "target_ids": target_ids}, labels
+
+
+    def as_tf_dataset(self):
+        """The same batches as a `tf.data.Dataset`, for the TensorFlow backend.
+
+        Keras's own adapter fixes the batch shape its first two batches
+        have, and buckets differ in length; here both dimensions stay free.
+        Without `repeat`, each pass over the dataset is the next epoch.
+        """
+        import tensorflow as tf
+
+        def batches():
+            if self.repeat:
+                yield from map(self.__getitem__, itertools.count())
+            else:
+                epoch, self._epoch = self._epoch, self._epoch + 1
+                for step in range(self._start, self.batches_per_epoch):
+                    yield self._batch(epoch, step)
+
+        ids = tf.TensorSpec([None, None], tf.int32)
+        dataset = tf.data.Dataset.from_generator(
+            batches, output_signature=({"source_ids": ids, "target_ids": ids}, ids)
+        )
+        if not self.repeat:
+            dataset = dataset.apply(tf.data.experimental.assert_cardinality(len(self) - self._start))
+        # No autotuning: tearing down an autotuned iterator at an epoch's end
+        # could leave `fit` idle for seconds on a small machine.
+        options = tf.data.Options()
+        options.autotune.enabled = False
+        return dataset.prefetch(2).with_options(options)
 
 
 def _padded(ids, offsets, lengths, members, rows, columns, decoder=False):

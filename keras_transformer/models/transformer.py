@@ -10,6 +10,7 @@ import numpy as np
 from keras import ops
 
 from keras_transformer.checks import TokenIdCheck
+from keras_transformer.data.batches import TokenBatches
 from keras_transformer.checks import check_ids_on_host
 from keras_transformer.checks import check_model_data
 from keras_transformer.checks import check_model_inputs
@@ -289,6 +290,8 @@ class Transformer(keras.Model):
 
     def fit(self, x=None, *args, **kwargs):
         x = self._checked_data(x, "train_function")
+        if "validation_data" in kwargs:
+            kwargs["validation_data"] = _as_tf_dataset_under_tensorflow(kwargs["validation_data"])
         self._build_optimizer()
         return super().fit(x, *args, **kwargs)
 
@@ -326,6 +329,7 @@ class Transformer(keras.Model):
     def _checked_data(self, x, function):
         """Checks `x` for `function`'s steps, and remakes that compiled
         function if it was traced for data checked elsewhere."""
+        x = _as_tf_dataset_under_tensorflow(x)
         x = check_model_data(x, self.vocabulary_size)
         x, on_host = check_ids_on_host(x, self.vocabulary_size)
         made_for_host_checks = function in self._steps_without_id_check
@@ -690,3 +694,11 @@ def build_transformer(preset="base", **overrides):
             f"{sorted(accepted)}. Received: overrides={overrides}"
         )
     return Transformer(**(PRESETS[preset] | overrides))
+
+
+def _as_tf_dataset_under_tensorflow(x):
+    """`TokenBatches` as `tf.data` under TensorFlow, whose Keras adapter
+    would fix the shape of its first batches; anything else as it is."""
+    if isinstance(x, TokenBatches) and keras.backend.backend() == "tensorflow":
+        return x.as_tf_dataset()
+    return x
