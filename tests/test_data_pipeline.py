@@ -203,3 +203,18 @@ def test_multi30k_batches_are_full_and_little_padded():
     assert stats["pairs"] == len(corpus) == 29000
     assert stats["padding_fraction"] < 0.15
     assert stats["full_batches_within_10_percent"] == 1.0
+
+
+@pytest.mark.filterwarnings("ignore:Batching leaves out")
+def test_fit_and_evaluate_take_every_bucket_shape(corpus, tokenizer):
+    """Here the first two batches share a shape and the ones after differ:
+    Keras's TensorFlow adapter fixed the shape its first two batches had."""
+    model = kt.build_transformer("tiny", vocabulary_size=tokenizer.vocabulary_size, num_layers=1)
+    kt.training.compile_model(model, warmup_steps=4)
+    dataset = make_dataset(corpus[:300], tokenizer, 64, max_length=32, shuffle=False).starting_at(1)
+    shapes = [x["source_ids"].shape for x, _ in dataset]
+    assert len(shapes) == len(dataset)
+    assert shapes[0] == shapes[1] and len(set(shapes)) > 2
+    history = model.fit(dataset, epochs=1, verbose=0, shuffle=False, validation_data=dataset)
+    assert np.isfinite(history.history["val_loss"]).all()
+    assert np.isfinite(model.evaluate(dataset, verbose=0)).all()

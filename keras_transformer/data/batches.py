@@ -159,12 +159,12 @@ class TokenBatches(keras.utils.PyDataset):
 
     @property
     def num_batches(self):
-        return None if self.repeat else self.batches_per_epoch
+        return None if self.repeat else self.batches_per_epoch - self._start
 
     def __len__(self):
         if self.repeat:
             raise TypeError("Batches that repeat without end have no length.")
-        return self.batches_per_epoch
+        return self.batches_per_epoch - self._start
 
     def on_epoch_end(self):
         self._epoch += 1
@@ -269,7 +269,7 @@ class TokenBatches(keras.utils.PyDataset):
             batches, output_signature=({"source_ids": ids, "target_ids": ids}, ids)
         )
         if not self.repeat:
-            dataset = dataset.apply(tf.data.experimental.assert_cardinality(len(self) - self._start))
+            dataset = dataset.apply(tf.data.experimental.assert_cardinality(len(self)))
         # No autotuning: tearing down an autotuned iterator at an epoch's end
         # could leave `fit` idle for seconds on a small machine.
         options = tf.data.Options()
