@@ -35,9 +35,14 @@ def test_batch_k_is_the_same_for_every_instance_and_every_start(pairs):
         for other in (again, resumed):
             np.testing.assert_array_equal(batches[step][0]["source_ids"], other[0]["source_ids"])
             np.testing.assert_array_equal(batches[step][1], other[1])
-    # Each epoch holds every pair once.
-    seen = sorted(i for k in range(per_epoch, 2 * per_epoch) for i in batches.pair_indices(k)[0])
-    assert seen == list(range(len(pairs)))
+    # Each epoch holds every pair, and its batches are full: a bucket's last
+    # batch takes the bucket's first pairs again instead of rows of padding.
+    epoch = [batches.pair_indices(k) for k in range(per_epoch, 2 * per_epoch)]
+    assert sorted(set(i for members, _ in epoch for i in members)) == list(range(len(pairs)))
+    assert all(len(members) == batches.batch_sizes[bucket] for members, bucket in epoch)
+    assert all((labels != 0).any(1).all() for _, labels in (batches[k] for k in range(per_epoch)))
+    once = TokenBatches(pairs, 512, seed=3)  # one epoch: each pair once, then padding
+    assert sorted(i for k in range(len(once)) for i in once.pair_indices(k)[0]) == list(range(len(pairs)))
 
 
 def test_shards_of_a_batch_make_up_the_batch(pairs):

@@ -225,8 +225,14 @@ class TokenBatches(keras.utils.PyDataset):
     def _pair_indices(self, epoch, step):
         order, starts, buckets = self._plan(epoch)
         bucket = buckets[step]
-        end = min(starts[step] + self.batch_sizes[bucket], self._bucket_ends[bucket])
-        return order[starts[step] : end], bucket
+        size, end = self.batch_sizes[bucket], self._bucket_ends[bucket]
+        if not self.repeat:  # a bucket's last batch: its pairs, then padding
+            return order[starts[step] : min(starts[step] + size, end)], bucket
+        # An endless stream fills a bucket's last batch from the bucket's
+        # first pairs of this epoch: no rows of padding to train on.
+        count = self.pairs_per_bucket[bucket]
+        begin = end - count
+        return order[begin + (np.arange(starts[step] - begin, starts[step] - begin + size) % count)], bucket
 
     # === Ids ===
 
