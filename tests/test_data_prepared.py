@@ -1,6 +1,7 @@
 import gzip
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -47,7 +48,7 @@ def test_prepared_pairs_are_the_tokenized_text_across_files_and_chunks(corpus, t
     assert manifest["left_out"] == {"empty_side": 1, "too_long": 0}
     assert [entry["lines"] for entry in manifest["files"]] == [251, 350]
     assert manifest["vocabulary_fingerprint"] == tokenizer.fingerprint()
-    assert pairs.source_ids.dtype == np.uint16 and isinstance(pairs.source_ids, np.memmap)
+    assert pairs.source_ids.dtype == np.uint16 and not pairs.source_ids.flags.writeable
     for index in (0, 249, 250, 599):
         for side, texts in (("source", sources), ("target", targets)):
             offsets = getattr(pairs, f"{side}_offsets")
@@ -106,3 +107,30 @@ def test_the_vocabulary_sample_is_uniform_and_whole_when_small(corpus, tmp_path)
     assert len(sample) == 100 and set(sample) <= set(corpus)
     # Drawn from the whole stream, not its head.
     assert max(list(corpus).index(pair) for pair in sample) > 400
+
+
+def mapped_kilobytes(directory):
+    """Resident kilobytes of this process's mappings of `directory`'s files."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if re.fullmatch(r"[0-9a-f]+-[0-9a-f]+", fields[0]):  # a mapping, then its sizes
+                inside = len(fields) >= 6 and fields[-1].startswith(str(directory))
+            elif inside and fields[0] == "Rss:":
+                total += int(fields[1])
+    return total
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux's /proc/self/smaps")
+def test_batches_leave_no_mapped_pages_resident(corpus, tokenizer, tmp_path):
+    """A prepared set is read through memory maps; random batches would soon
+    count all of it as resident, so each batch unmaps what it read."""
+    source, target = write(tmp_path / "x.en", corpus.sources * 20), write(tmp_path / "x.de", corpus.targets * 20)
+    pairs = prepare_dataset(source, target, tokenizer, tmp_path / "prepared")
+    int(pairs.source_ids.sum()) + int(pairs.target_offsets.sum())  # every page read
+    assert mapped_kilobytes(tmp_path / "prepared") > 100
+    batches = TokenBatches(pairs, 1024, repeat=True, seed=0)
+    for step in range(20):
+        batches[step]
+    assert mapped_kilobytes(tmp_path / "prepared") == 0

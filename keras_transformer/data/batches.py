@@ -128,25 +128,20 @@ class TokenBatches(keras.utils.PyDataset):
         self.batch_sizes = np.array(
             [max(batch_multiple, tokens_per_batch // n // batch_multiple * batch_multiple) for n in self.lengths]
         )
-        pair_lengths = pairs.pair_lengths()
-        too_long = int((pair_lengths > max_length).sum())
-        if too_long == len(pair_lengths):
+        self._bucket, self.pairs_per_bucket, too_long, shortest = _buckets(pairs, self.lengths)
+        if too_long == len(pairs):
             raise ValueError(
                 f"Every pair is longer than max_length={max_length} subword tokens "
                 f"(EOS or BOS included), so no batch can be made. The shortest "
-                f"pair has {int(pair_lengths.min())} tokens."
+                f"pair has {shortest} tokens."
             )
         if too_long:
             warnings.warn(
-                f"Batching leaves out {too_long} of {len(pair_lengths)} pairs "
-                f"({too_long / len(pair_lengths):.1%}) with a side longer than "
+                f"Batching leaves out {too_long} of {len(pairs)} pairs "
+                f"({too_long / len(pairs):.1%}) with a side longer than "
                 f"max_length={max_length} subword tokens.",
                 stacklevel=2,
             )
-        # uint8 [pairs]: each pair's bucket; len(lengths) marks one left out.
-        self._bucket = np.searchsorted(self.lengths, pair_lengths).astype(np.uint8)
-        del pair_lengths
-        self.pairs_per_bucket = np.bincount(self._bucket, minlength=len(self.lengths) + 1)[:-1]
         self._bucket_ends = np.cumsum(self.pairs_per_bucket)  # where each ends in a plan's order
         self.left_out = too_long
         self.batches_per_epoch = int(sum(-(-n // size) for n, size in zip(self.pairs_per_bucket, self.batch_sizes)))
@@ -185,7 +180,8 @@ class TokenBatches(keras.utils.PyDataset):
         """
         with self._lock:
             if epoch not in self._plans:
-                self._plans = {epoch: self._make_plan(epoch)}  # one epoch held
+                self._plans = {}  # one epoch's plan held at a time
+                self._plans[epoch] = self._make_plan(epoch)
             return self._plans[epoch]
 
     def _make_plan(self, epoch):
@@ -250,6 +246,7 @@ class TokenBatches(keras.utils.PyDataset):
         target_ids, labels, _ = _padded(
             pairs.target_ids, pairs.target_offsets, pairs.target_lengths, members, share, columns, decoder=True
         )
+        pairs.release_pages()
         return {"source_ids": source_ids, "target_ids": target_ids}, labels
 
 
@@ -281,6 +278,27 @@ class TokenBatches(keras.utils.PyDataset):
         options = tf.data.Options()
         options.autotune.enabled = False
         return dataset.prefetch(2).with_options(options)
+
+
+def _buckets(pairs, lengths, chunk=1 << 22):
+    """Each pair's bucket, a chunk of pairs at a time.
+
+    Returns:
+        `(bucket, pairs_per_bucket, too_long, shortest)`: bucket is uint8
+        `[pairs]`, `len(lengths)` for a pair longer than the longest bucket.
+    """
+    # The bucket of every length a pair can have, looked up in place.
+    table = np.searchsorted(lengths, np.arange(2**16 + 1)).astype(np.uint8)
+    bucket = np.empty(len(pairs), np.uint8)
+    counts = np.zeros(len(lengths) + 1, np.int64)
+    shortest = 2**16
+    for start in range(0, len(pairs), chunk):
+        pair_lengths = pairs.pair_lengths(start, start + chunk)
+        np.take(table, pair_lengths, out=bucket[start : start + chunk])
+        counts += np.bincount(bucket[start : start + chunk], minlength=len(counts))
+        shortest = min(shortest, int(pair_lengths.min()))
+    pairs.release_pages()
+    return bucket, counts[:-1], int(counts[-1]), shortest
 
 
 def _padded(ids, offsets, lengths, members, rows, columns, decoder=False):

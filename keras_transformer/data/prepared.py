@@ -5,7 +5,7 @@ Python list of strings, and tokenizing it again at every run or resume
 costs minutes. `prepare_dataset` streams the text files once and writes,
 per side, the subword ids of every sentence one after the other, where each
 sentence starts (offsets) and how long it is (lengths). Training then maps
-these files (`load_prepared`), so its memory holds one small length per
+these files (`load_prepared`, with `mmap`), so its memory holds one small length per
 pair, not the text.
 
 Why raw NumPy arrays: they need nothing beyond NumPy on any backend, a
@@ -27,6 +27,7 @@ import dataclasses
 import gzip
 import itertools
 import json
+import mmap
 import os
 import time
 import zlib
@@ -57,6 +58,7 @@ class TokenizedPairs:
         source_lengths, target_lengths: uint16 `[pairs]`, ids a sentence.
         vocabulary_size: the ids are below this.
         manifest: what `prepare_dataset` recorded, or None in memory.
+        mappings: the `mmap.mmap`s the arrays of a prepared set read.
     """
 
     source_ids: np.ndarray
@@ -67,19 +69,23 @@ class TokenizedPairs:
     target_lengths: np.ndarray
     vocabulary_size: int
     manifest: dict = None
+    mappings: list = dataclasses.field(default_factory=list)  # of a prepared set
 
     def __len__(self):
         return len(self.source_lengths)
 
-    def pair_lengths(self, chunk=1 << 22):
-        """uint16 `[pairs]`: the longer side of each pair, with its EOS (or
-        BOS), read a chunk at a time so a mapped set is not held whole."""
-        lengths = np.empty(len(self), np.uint16)
-        for start in range(0, len(self), chunk):
-            end = start + chunk
-            np.maximum(self.source_lengths[start:end], self.target_lengths[start:end], out=lengths[start:end])
-        lengths += 1
-        return lengths
+    def pair_lengths(self, start=0, end=None):
+        """uint16: the longer side of pairs `start` to `end`, with its EOS
+        (or BOS)."""
+        return np.maximum(self.source_lengths[start:end], self.target_lengths[start:end]) + np.uint16(1)
+
+    def release_pages(self):
+        """Unmaps the pages of the files read so far; they stay in the page
+        cache. The operating system maps pages around each one read, so
+        random batches would otherwise soon count the whole set as this
+        process's resident memory."""
+        for mapping in self.mappings:
+            mapping.madvise(mmap.MADV_DONTNEED)
 
 
 def id_dtype(vocabulary_size):
@@ -275,7 +281,8 @@ def load_prepared(directory, tokenizer=None):
     """Maps a prepared dataset; with `tokenizer`, checks it made the ids.
 
     Returns:
-        `TokenizedPairs` of read-only memory maps, with its `manifest`.
+        `TokenizedPairs` of read-only arrays over memory maps, with its
+        `manifest`.
     """
     manifest_path = os.path.join(directory, MANIFEST_FILE)
     if not os.path.isfile(manifest_path):
@@ -295,7 +302,7 @@ def load_prepared(directory, tokenizer=None):
     pairs = manifest["pairs"]
     sizes = {"ids": None, "offsets": pairs + 1, "lengths": pairs}
     dtypes = {"ids": np.dtype(manifest["id_dtype"]), "offsets": np.int64, "lengths": np.uint16}
-    arrays = {}
+    arrays, mappings = {}, []
     for side in SIDES:
         sizes["ids"] = manifest[f"{side}_tokens"]
         for part in sizes:
@@ -307,8 +314,12 @@ def load_prepared(directory, tokenizer=None):
                     f"{path} holds {actual} bytes; the manifest expects {expected}. "
                     "The prepared dataset is damaged: prepare it again."
                 )
-            # A zero-size file cannot be mapped.
-            arrays[f"{side}_{part}"] = (
-                np.memmap(path, dtypes[part], "r", shape=(sizes[part],)) if expected else np.zeros(0, dtypes[part])
-            )
-    return TokenizedPairs(**arrays, vocabulary_size=manifest["vocabulary_size"], manifest=manifest)
+            if not expected:  # a zero-size file cannot be mapped
+                arrays[f"{side}_{part}"] = np.zeros(0, dtypes[part])
+                continue
+            with open(path, "rb") as file:
+                mappings.append(mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ))
+            arrays[f"{side}_{part}"] = np.frombuffer(mappings[-1], dtypes[part])
+    return TokenizedPairs(
+        **arrays, vocabulary_size=manifest["vocabulary_size"], manifest=manifest, mappings=mappings
+    )
