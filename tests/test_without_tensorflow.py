@@ -91,3 +91,14 @@ def test_export_says_what_to_install(trained):
     assert exported.stderr.strip().splitlines() == [exported.stderr.strip().splitlines()[-1]]
     assert exported.stderr.startswith("error: export writes a TensorFlow SavedModel")
     assert 'pip install "keras-transformer[export]"' in exported.stderr
+
+
+def test_the_tensorflow_backend_names_its_extra_when_tensorflow_is_missing(tmp_path):
+    environment = dict(os.environ, KERAS_BACKEND="tensorflow", PYTHONPATH=HOOK)
+    result = subprocess.run(
+        [sys.executable, "-m", "keras_transformer", "--version"],
+        capture_output=True, text=True, env=environment, timeout=120,
+    )
+    assert result.returncode == 2  # as for an unknown backend (test_environment)
+    assert result.stderr.strip().startswith("error: KERAS_BACKEND=tensorflow needs the 'tensorflow' package")
+    assert 'pip install "keras-transformer[tensorflow]"' in result.stderr
