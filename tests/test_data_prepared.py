@@ -12,6 +12,7 @@ from keras_transformer.data import builtin_corpus
 from keras_transformer.data import load_prepared
 from keras_transformer.data import make_dataset
 from keras_transformer.data import prepare_dataset
+from keras_transformer.data import prepared
 from keras_transformer.data.prepared import sample_pairs
 from keras_transformer.data.prepared import read_pairs
 
@@ -123,7 +124,7 @@ def mapped_kilobytes(directory):
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux's /proc/self/smaps")
-def test_batches_leave_no_mapped_pages_resident(corpus, tokenizer, tmp_path):
+def test_batches_leave_no_mapped_pages_resident(corpus, tokenizer, tmp_path, monkeypatch):
     """A prepared set is read through memory maps; random batches would soon
     count all of it as resident, so each batch unmaps what it read."""
     source, target = write(tmp_path / "x.en", corpus.sources * 20), write(tmp_path / "x.de", corpus.targets * 20)
@@ -131,6 +132,10 @@ def test_batches_leave_no_mapped_pages_resident(corpus, tokenizer, tmp_path):
     int(pairs.source_ids.sum()) + int(pairs.target_offsets.sum())  # every page read
     assert mapped_kilobytes(tmp_path / "prepared") > 100
     batches = TokenBatches(pairs, 1024, repeat=True, seed=0)
+    for step in range(20):
+        batches[step]
+    assert mapped_kilobytes(tmp_path / "prepared") > 100  # a small set may stay mapped
+    monkeypatch.setattr(prepared, "MAPPED_WHOLE_BYTES", 0)  # as if it were a large one
     for step in range(20):
         batches[step]
     assert mapped_kilobytes(tmp_path / "prepared") == 0
