@@ -261,10 +261,8 @@ def training_config(args):
 
 
 def prepare(args):
-    from keras_transformer.data.prepared import VOCABULARY_SAMPLE_PAIRS
     from keras_transformer.data.prepared import prepare_dataset
-    from keras_transformer.data.prepared import read_pairs
-    from keras_transformer.data.prepared import sample_pairs
+    from keras_transformer.data.prepared import train_vocabulary
     from keras_transformer.data.tokenizer import SubwordTokenizer
 
     if len(args.source) != len(args.target):
@@ -277,11 +275,7 @@ def prepare(args):
     else:
         if args.vocabulary_size < 300:
             raise ValueError(f"--vocabulary-size must be an integer >= 300; received {args.vocabulary_size}.")
-        pairs = sample_pairs(read_pairs(args.source, args.target), VOCABULARY_SAMPLE_PAIRS, args.seed)
-        if not pairs:
-            raise ValueError(f"{args.source} | {args.target} hold no pair with two non-empty sides.")
-        tokenizer = SubwordTokenizer.train(pairs, args.vocabulary_size, seed=args.seed)
-        del pairs
+        tokenizer = train_vocabulary(args.source, args.target, args.vocabulary_size, args.seed)
         _log(f"vocabulary: trained {tokenizer.vocabulary_size} shared BPE pieces")
     prepared = prepare_dataset(args.source, args.target, tokenizer, args.output, log=_log)
     tokenizer.save(args.output)  # `train --train-data` reads the vocabulary here

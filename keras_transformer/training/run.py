@@ -34,10 +34,8 @@ from keras_transformer.data.corpus import write_atomically
 from keras_transformer.data.pipeline import make_dataset
 from keras_transformer.data.prepared import is_prepared
 from keras_transformer.data.prepared import load_prepared
-from keras_transformer.data.prepared import VOCABULARY_SAMPLE_PAIRS
 from keras_transformer.data.prepared import prepare_dataset
-from keras_transformer.data.prepared import read_pairs
-from keras_transformer.data.prepared import sample_pairs
+from keras_transformer.data.prepared import train_vocabulary
 from keras_transformer.data.tokenizer import MODEL_FILE as VOCABULARY_FILE
 from keras_transformer.data.tokenizer import SubwordTokenizer
 from keras_transformer.decoding.translator import Translator
@@ -481,17 +479,9 @@ def _vocabulary(config, log):
         log(f"vocabulary: {tokenizer.vocabulary_size} pieces from {given}")
     else:
         start = time.time()
-        # A uniform sample of a stream: memory does not grow with the corpus.
-        pairs = sample_pairs(
-            read_pairs(config.train_source, config.train_target), VOCABULARY_SAMPLE_PAIRS, config.seed
+        tokenizer = train_vocabulary(
+            config.train_source, config.train_target, config.vocabulary_size, seed=config.seed
         )
-        if not pairs:
-            raise ValueError(
-                f"The training files hold no pair with two non-empty sides: "
-                f"{config.train_source} | {config.train_target}."
-            )
-        tokenizer = SubwordTokenizer.train(pairs, config.vocabulary_size, seed=config.seed)
-        del pairs
         tokenizer.save(config.model_dir)
         log(
             f"vocabulary: trained {tokenizer.vocabulary_size} shared BPE pieces in "
