@@ -124,18 +124,19 @@ def mapped_kilobytes(directory):
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux's /proc/self/smaps")
-def test_batches_leave_no_mapped_pages_resident(corpus, tokenizer, tmp_path, monkeypatch):
-    """A prepared set is read through memory maps; random batches would soon
-    count all of it as resident, so each batch unmaps what it read."""
+def test_a_large_set_is_read_without_mapping_it_whole(corpus, tokenizer, tmp_path, monkeypatch):
+    """Random batches read through a mapping soon count the whole set as
+    resident (the kernel maps the pages around each one touched); a set
+    over MAPPED_WHOLE_BYTES is read with a call a sentence instead."""
     source, target = write(tmp_path / "x.en", corpus.sources * 20), write(tmp_path / "x.de", corpus.targets * 20)
     pairs = prepare_dataset(source, target, tokenizer, tmp_path / "prepared")
-    int(pairs.source_ids.sum()) + int(pairs.target_offsets.sum())  # every page read
-    assert mapped_kilobytes(tmp_path / "prepared") > 100
-    batches = TokenBatches(pairs, 1024, repeat=True, seed=0)
-    for step in range(20):
-        batches[step]
+    mapped = [TokenBatches(pairs, 1024, repeat=True, seed=0)[step] for step in range(20)]
     assert mapped_kilobytes(tmp_path / "prepared") > 100  # a small set may stay mapped
     monkeypatch.setattr(prepared, "MAPPED_WHOLE_BYTES", 0)  # as if it were a large one
-    for step in range(20):
-        batches[step]
+    batches = TokenBatches(pairs, 1024, repeat=True, seed=0)
+    for step, (inputs, labels) in enumerate(mapped):
+        again = batches[step]
+        np.testing.assert_array_equal(again[0]["source_ids"], inputs["source_ids"])
+        np.testing.assert_array_equal(again[0]["target_ids"], inputs["target_ids"])
+        np.testing.assert_array_equal(again[1], labels)
     assert mapped_kilobytes(tmp_path / "prepared") == 0

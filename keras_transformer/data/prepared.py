@@ -44,8 +44,8 @@ SIDES = ("source", "target")
 # The most subword tokens a stored sentence may have: its length is uint16.
 MAX_STORED_LENGTH = 2**16 - 2
 CHUNK_PAIRS = 1 << 16
-# A prepared set up to this size may stay mapped whole: unmapping after each
-# batch makes the next one fault its pages in again.
+# A prepared set up to this size is read through its mapping, and may stay
+# mapped whole; a larger one with a read call a sentence.
 MAPPED_WHOLE_BYTES = 256 << 20
 # SentencePiece learns a vocabulary from at most this many pairs.
 VOCABULARY_SAMPLE_PAIRS = 2_500_000
@@ -63,6 +63,7 @@ class TokenizedPairs:
         vocabulary_size: the ids are below this.
         manifest: what `prepare_dataset` recorded, or None in memory.
         mappings: the `mmap.mmap`s the arrays of a prepared set read.
+        files: the open descriptors of a prepared set's files, by name.
     """
 
     source_ids: np.ndarray
@@ -74,6 +75,7 @@ class TokenizedPairs:
     vocabulary_size: int
     manifest: dict = None
     mappings: list = dataclasses.field(default_factory=list)  # of a prepared set
+    files: dict = dataclasses.field(default_factory=dict)  # its descriptors, by file name
 
     def __len__(self):
         return len(self.source_lengths)
@@ -83,14 +85,36 @@ class TokenizedPairs:
         (or BOS)."""
         return np.maximum(self.source_lengths[start:end], self.target_lengths[start:end]) + np.uint16(1)
 
+    def gather(self, side, members):
+        """The ids of pairs `members` on `side`, one sentence after another,
+        and int64 lengths.
+
+        A prepared set over `MAPPED_WHOLE_BYTES` is read with `os.pread`,
+        not through its mapping: the operating system maps the pages around
+        each one touched, so random batches would soon count the whole set
+        as this process's memory.
+        """
+        offsets, ids = getattr(self, f"{side}_offsets"), getattr(self, f"{side}_ids")
+        if not self._read_by_pread():
+            starts = offsets[members]
+            n = offsets[members + 1] - starts
+            column = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)
+            return ids[np.repeat(starts, n) + column], n
+        offsets_file, ids_file = self.files[f"{side}.offsets"], self.files[f"{side}.ids"]
+        width = ids.itemsize
+        spans = np.frombuffer(b"".join(os.pread(offsets_file, 16, 8 * int(i)) for i in members), np.int64)
+        starts, stops = spans[0::2], spans[1::2]
+        chunks = (os.pread(ids_file, width * int(b - a), width * int(a)) for a, b in zip(starts, stops))
+        return np.frombuffer(b"".join(chunks), ids.dtype), stops - starts
+
+    def _read_by_pread(self):
+        return bool(self.files) and sum(map(len, self.mappings)) > MAPPED_WHOLE_BYTES
+
     def release_pages(self):
-        """Unmaps the pages of the files read so far, for a set larger than
-        `MAPPED_WHOLE_BYTES`; they stay in the page cache. The operating
-        system maps pages around each one read, so random batches would
-        otherwise soon count the whole set as this process's memory."""
-        if sum(len(mapping) for mapping in self.mappings) > MAPPED_WHOLE_BYTES:
-            for mapping in self.mappings:
-                mapping.madvise(mmap.MADV_DONTNEED)
+        """Unmaps the pages of the files read so far (they stay in the page
+        cache), after a pass over the lengths."""
+        for mapping in self.mappings:
+            mapping.madvise(mmap.MADV_DONTNEED)
 
 
 def id_dtype(vocabulary_size):
@@ -318,7 +342,7 @@ def load_prepared(directory, tokenizer=None):
     pairs = manifest["pairs"]
     sizes = {"ids": None, "offsets": pairs + 1, "lengths": pairs}
     dtypes = {"ids": np.dtype(manifest["id_dtype"]), "offsets": np.int64, "lengths": np.uint16}
-    arrays, mappings = {}, []
+    arrays, mappings, files = {}, [], {}
     for side in SIDES:
         sizes["ids"] = manifest[f"{side}_tokens"]
         for part in sizes:
@@ -333,9 +357,9 @@ def load_prepared(directory, tokenizer=None):
             if not expected:  # a zero-size file cannot be mapped
                 arrays[f"{side}_{part}"] = np.zeros(0, dtypes[part])
                 continue
-            with open(path, "rb") as file:
-                mappings.append(mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ))
+            files[f"{side}.{part}"] = os.open(path, os.O_RDONLY)
+            mappings.append(mmap.mmap(files[f"{side}.{part}"], 0, access=mmap.ACCESS_READ))
             arrays[f"{side}_{part}"] = np.frombuffer(mappings[-1], dtypes[part])
     return TokenizedPairs(
-        **arrays, vocabulary_size=manifest["vocabulary_size"], manifest=manifest, mappings=mappings
+        **arrays, vocabulary_size=manifest["vocabulary_size"], manifest=manifest, mappings=mappings, files=files
     )
