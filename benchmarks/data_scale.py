@@ -210,7 +210,7 @@ def plot(report, path):
                         label=f"target: 1.3x the smallest's, {backend}")
         axes[1].plot(sizes, [run["first_step_seconds"] for run in runs], "o-", label=f"train, {backend}")
     axes[0].axhline(TARGETS["memory_mb"], color="gray", linestyle="--", label="target: 3 GB")
-    axes[0].set(title="peak resident memory of train (3 steps)", ylabel="MB")
+    axes[0].set(title=f"peak resident memory of train ({report.get('train_steps', 3)} steps)", ylabel="MB")
     axes[1].axhline(TARGETS["first_step_seconds"], color="gray", linestyle="--", label="target: 30 s")
     axes[1].set(title="process start to step 1 of train", ylabel="seconds")
     axes[2].plot(sizes, [row["prepare"]["seconds"] for row in report["sizes"]], "o-", label="prepare (wall)")
@@ -305,6 +305,7 @@ def main():
     os.makedirs(work, exist_ok=True)
     report = {
         "command": " ".join([os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]]),
+        "train_steps": args.train_steps,
         "date": datetime.date.today().isoformat(),
         "machine": machine(),
         "load_average_at_start": os.getloadavg(),
