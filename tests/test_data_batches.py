@@ -78,7 +78,7 @@ def served(log):
 
 
 def test_a_killed_run_resumes_on_the_batches_an_uninterrupted_run_sees(tmp_path):
-    steps = 40
+    steps = 24
     killed = run(tmp_path / "run", steps, tmp_path / "killed.log", tmp_path / "unused.npz")
     # Killed after its first checkpoint (every 4 steps), before its last.
     checkpoints = tmp_path / "run" / "checkpoints"
