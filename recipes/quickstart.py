@@ -93,13 +93,19 @@ def train(train_corpus, valid_corpus, tokenizer, epochs, tokens_per_batch):
         loss=kt.losses.LabelSmoothedCrossEntropy(label_smoothing=0.1),
         metrics=[kt.metrics.MaskedTokenAccuracy()],
     )
+    # An endless stream, each bucket's last batch of a pass filled with its
+    # first pairs again: every row a pair, none of padding.
+    batches = make_dataset(
+        train_corpus, tokenizer, tokens_per_batch, repeat=True, seed=0, bucket_step=BUCKET_STEP
+    )
     history = model.fit(
-        make_dataset(train_corpus, tokenizer, tokens_per_batch, seed=0, bucket_step=BUCKET_STEP),
+        batches,
         validation_data=make_dataset(
             valid_corpus, tokenizer, tokens_per_batch, shuffle=False, bucket_step=BUCKET_STEP
         ),
         epochs=epochs,
-        shuffle=False,  # make_dataset shuffles, each epoch anew
+        steps_per_epoch=batches.batches_per_epoch,
+        shuffle=False,  # make_dataset shuffles, each pass anew
         verbose=2,
     )
     return model, history
