@@ -255,8 +255,12 @@ class SubwordTokenizer:
         dropped = (self.padding_id, self.bos_id, self.eos_id)
         kept = [int(i) for i in ids if i not in dropped]
         text = self._processor.decode(kept)
-        pieces = "".join(self._processor.id_to_piece(kept))
-        marks = len(pieces) - len(pieces.lstrip(SPACE_MARK))
+        marks = 0  # the space marks the text begins with: only its first pieces
+        for piece in map(self._processor.id_to_piece, kept):
+            rest = piece.lstrip(SPACE_MARK)
+            marks += len(piece) - len(rest)
+            if rest:
+                break
         # The first mark is the dummy prefix, the others were spaces; some
         # SentencePiece versions decode those spaces, others drop them.
         kept_spaces = len(text) - len(text.lstrip(" "))
