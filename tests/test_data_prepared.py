@@ -140,3 +140,19 @@ def test_a_large_set_is_read_without_mapping_it_whole(corpus, tokenizer, tmp_pat
         np.testing.assert_array_equal(again[0]["target_ids"], inputs["target_ids"])
         np.testing.assert_array_equal(again[1], labels)
     assert mapped_kilobytes(tmp_path / "prepared") == 0
+
+
+def test_a_large_set_whose_lengths_disagree_with_its_offsets_is_an_error(corpus, tokenizer, tmp_path, monkeypatch):
+    """A large set finds a sentence from its lengths: lengths that no longer
+    add up to the offsets (a damaged file of the right size) are an error,
+    not wrong batches."""
+    directory = tmp_path / "prepared"
+    prepare_dataset(write(tmp_path / "x.en", corpus.sources), write(tmp_path / "x.de", corpus.targets), tokenizer, directory)
+    lengths = np.fromfile(directory / "target.lengths", np.uint16)
+    lengths[7] += 1
+    lengths.tofile(directory / "target.lengths")
+    monkeypatch.setattr(prepared, "MAPPED_WHOLE_BYTES", 0)
+    pairs = load_prepared(directory)
+    np.testing.assert_array_equal(pairs.gather("source", np.array([3, 70]))[1], pairs.source_lengths[[3, 70]])
+    with pytest.raises(ValueError, match=r"target lengths add up to \d+ ids; the offsets say \d+.*damaged"):
+        pairs.gather("target", np.array([3]))

@@ -29,6 +29,7 @@ import itertools
 import json
 import mmap
 import os
+import threading
 import time
 import zlib
 
@@ -47,6 +48,8 @@ CHUNK_PAIRS = 1 << 16
 # A prepared set up to this size is read through its mapping, and may stay
 # mapped whole; a larger one with a read call a sentence.
 MAPPED_WHOLE_BYTES = 256 << 20
+# Such a set keeps, per side, where every BLOCK_PAIRS-th sentence starts.
+BLOCK_PAIRS = 64
 # SentencePiece learns a vocabulary from at most this many pairs.
 VOCABULARY_SAMPLE_PAIRS = 2_500_000
 
@@ -76,6 +79,8 @@ class TokenizedPairs:
     manifest: dict = None
     mappings: list = dataclasses.field(default_factory=list)  # of a prepared set
     files: dict = dataclasses.field(default_factory=dict)  # its descriptors, by file name
+    blocks: dict = dataclasses.field(default_factory=dict)  # per side: (lengths, block starts)
+    _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
 
     def __len__(self):
         return len(self.source_lengths)
@@ -92,7 +97,9 @@ class TokenizedPairs:
         A prepared set over `MAPPED_WHOLE_BYTES` is read with `os.pread`,
         not through its mapping: the operating system maps the pages around
         each one touched, so random batches would soon count the whole set
-        as this process's memory.
+        as this process's memory. A sentence is one read: where it starts
+        comes from the lengths, held in memory, and a start every
+        `BLOCK_PAIRS` pairs.
         """
         offsets, ids = getattr(self, f"{side}_offsets"), getattr(self, f"{side}_ids")
         if not self._read_by_pread():
@@ -100,12 +107,38 @@ class TokenizedPairs:
             n = offsets[members + 1] - starts
             column = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)
             return ids[np.repeat(starts, n) + column], n
-        offsets_file, ids_file = self.files[f"{side}.offsets"], self.files[f"{side}.ids"]
-        width = ids.itemsize
-        spans = np.frombuffer(b"".join(os.pread(offsets_file, 16, 8 * int(i)) for i in members), np.int64)
-        starts, stops = spans[0::2], spans[1::2]
-        chunks = (os.pread(ids_file, width * int(b - a), width * int(a)) for a, b in zip(starts, stops))
-        return np.frombuffer(b"".join(chunks), ids.dtype), stops - starts
+        lengths, block_starts = self._blocks(side)
+        members = np.asarray(members, np.int64)
+        first = members - members % BLOCK_PAIRS
+        column = np.arange(BLOCK_PAIRS)
+        before = lengths[np.minimum(first[:, None] + column, len(lengths) - 1)]
+        starts = block_starts[members // BLOCK_PAIRS] + np.where(
+            column < (members - first)[:, None], before, 0
+        ).sum(1, dtype=np.int64)
+        n = lengths[members].astype(np.int64)
+        file, width = self.files[f"{side}.ids"], ids.itemsize
+        chunks = [os.pread(file, width * k, width * a) for a, k in zip(starts.tolist(), n.tolist())]
+        return np.frombuffer(b"".join(chunks), ids.dtype), n
+
+    def _blocks(self, side):
+        """`side`'s lengths, copied into memory, and int64 where each block
+        of `BLOCK_PAIRS` pairs starts; built at the first read."""
+        with self._lock:
+            if side not in self.blocks:
+                lengths = np.array(getattr(self, f"{side}_lengths"))
+                chunks = (lengths[a : a + CHUNK_PAIRS] for a in range(0, len(lengths), CHUNK_PAIRS))
+                # A chunk at a time: no int64 copy of every length.
+                sums = [np.add.reduceat(c, np.arange(0, len(c), BLOCK_PAIRS), dtype=np.int64) for c in chunks]
+                block_starts = np.concatenate([[0], np.cumsum(np.concatenate(sums))])
+                total = int(getattr(self, f"{side}_offsets")[-1])
+                if block_starts[-1] != total:
+                    raise ValueError(
+                        f"The {side} lengths add up to {block_starts[-1]} ids; the offsets say {total}. "
+                        "The prepared dataset is damaged: prepare it again."
+                    )
+                self.blocks[side] = lengths, block_starts
+                self.release_pages()
+            return self.blocks[side]
 
     def _read_by_pread(self):
         return bool(self.files) and sum(map(len, self.mappings)) > MAPPED_WHOLE_BYTES
