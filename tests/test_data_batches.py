@@ -15,6 +15,8 @@ from keras_transformer.data.prepared import tokenize_pairs
 from keras_transformer.training.checkpoints import checkpoint_step
 from keras_transformer.training.checkpoints import list_checkpoints
 
+from conftest import in_one_pass
+
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "resume_batches_process.py")
 
 
@@ -77,6 +79,7 @@ def served(log):
     return [(int(step), digest) for step, digest in (line.split() for line in log.read_text().splitlines())]
 
 
+@in_one_pass("tensorflow", "the batch plan and training.fit's resume are NumPy and Python; each backend's exact resume is tested in-process in every pass")
 def test_a_killed_run_resumes_on_the_batches_an_uninterrupted_run_sees(tmp_path):
     steps = 24
     killed = run(tmp_path / "run", steps, tmp_path / "killed.log", tmp_path / "unused.npz")
