@@ -259,3 +259,34 @@ def test_multi30k_recipe_smoke_mode_trains_and_scores_test2016(tmp_path):
     ]
     assert all(r["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a") for r in results["test2016"])
     assert len((tmp_path / "run" / "test2016.hyp").read_text().splitlines()) == 8
+
+
+def test_resume_knows_its_run_by_its_folder_and_never_goes_back(files, tmp_path, monkeypatch):
+    """--resume finds the run in its folder however the folder is spelled or
+    wherever it was moved, and refuses a --train-steps behind the run's last
+    checkpoint, without rewriting the run's configuration."""
+    import dataclasses
+
+    from keras_transformer.training.run import prepare_model_dir
+
+    config = TrainingConfig(
+        model_dir=str(tmp_path / "first"),
+        train_source=[str(files / "train.en.gz")], train_target=[str(files / "train.de.gz")],
+        valid_source=[str(files / "valid.en")], valid_target=[str(files / "valid.de")],
+        train_steps=80,
+    )
+    config.save()
+    (tmp_path / "first" / "checkpoints").mkdir()
+    (tmp_path / "first" / "checkpoints" / "ckpt-00000080.keras").write_bytes(b"")
+    os.rename(tmp_path / "first", tmp_path / "moved")
+    os.symlink(tmp_path / "moved", tmp_path / "link")
+    monkeypatch.chdir(tmp_path)
+    for spelling in ("moved", "moved/", str(tmp_path / "moved"), "link", "./link/"):
+        prepare_model_dir(dataclasses.replace(config, model_dir=spelling, train_steps=120), resume=True)
+        assert TrainingConfig.load("moved").model_dir == spelling
+
+    saved = (tmp_path / "moved" / "train_config.json").read_text()
+    error = cli_error("train", "--resume", "--model-dir", "link", "--train-steps", 20)
+    assert "link is at step 80 (its last checkpoint, ckpt-00000080.keras)" in error
+    assert "--train-steps 20 would go back" in error and "--train-steps 80 or more" in error
+    assert (tmp_path / "moved" / "train_config.json").read_text() == saved

@@ -43,6 +43,7 @@ from keras_transformer.models.presets import PRESETS
 from keras_transformer.models.transformer import build_transformer
 from keras_transformer.models.transformer import check_attention_and_positions
 from keras_transformer.training.checkpoints import average_checkpoints
+from keras_transformer.training.checkpoints import checkpoint_step
 from keras_transformer.training.checkpoints import list_checkpoints
 from keras_transformer.training.distribution import Distribution
 from keras_transformer.training.progress import ProgressLog
@@ -334,7 +335,9 @@ def prepare_model_dir(config, resume=False):
 
     A directory holding another run's checkpoints is refused unless
     `resume` is set; with `resume`, its saved configuration must equal this
-    one, except `train_steps`, which may grow to train longer.
+    one, except `train_steps`, which may grow to train longer, and
+    `model_dir`: the run is the folder, however it is spelled or wherever it
+    was moved.
     """
     model_dir = config.model_dir
     if os.path.exists(model_dir) and not os.path.isdir(model_dir):
@@ -348,7 +351,7 @@ def prepare_model_dir(config, resume=False):
             differences = [
                 f"{key}: {saved.get(key)!r} in the run, {requested.get(key)!r} now"
                 for key in sorted(requested)
-                if key != "train_steps" and saved.get(key) != requested.get(key)
+                if key not in ("train_steps", "model_dir") and saved.get(key) != requested.get(key)
             ]
             if differences:
                 raise ValueError(
@@ -356,6 +359,13 @@ def prepare_model_dir(config, resume=False):
                     + "; ".join(differences)
                     + "). Resume with its own train_config.json, or start a new --model-dir."
                 )
+        reached = checkpoint_step(checkpoints[-1]) if checkpoints else 0
+        if config.train_steps < reached:
+            raise ValueError(
+                f"{model_dir} is at step {reached} (its last checkpoint, "
+                f"{os.path.basename(checkpoints[-1])}); --train-steps {config.train_steps} would go back. "
+                f"Resume with --train-steps {reached} or more, or start a new --model-dir."
+            )
     elif checkpoints:
         raise ValueError(
             f"{model_dir} already holds a run ({len(checkpoints)} checkpoints, the last "
