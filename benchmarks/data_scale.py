@@ -31,6 +31,9 @@ The corpora are Multi30k's training text (29,000 pairs) repeated to each size
 loader run, so that its first pass reads the disk: the cold start of a
 run. The second pass is what the 2 cores deliver once the set is cached.
 
+`--loader DIR` times only the loader, on the prepared set in DIR, and
+prints its figures as JSON lines.
+
 `--reuse-prepared` keeps the vocabulary and prepared sets of a former run
 (and its prepare figures) and measures train and the loader again.
 
@@ -313,7 +316,7 @@ def main():
     parser.add_argument("--plot", default=os.path.join(REPO, "benchmarks", "results", "data_scale.png"))
     parser.add_argument("--reuse-prepared", action="store_true",
                         help="keep the vocabulary and prepared sets of a former run in --work, and its prepare figures")
-    parser.add_argument("--loader", metavar="DIR", help=argparse.SUPPRESS)  # the loader's own process
+    parser.add_argument("--loader", metavar="DIR", help="only time the loader on this prepared set, in this process")
     args = parser.parse_args()
     if args.loader:
         for tokens in args.loader_tokens:

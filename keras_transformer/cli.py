@@ -27,6 +27,7 @@ import warnings
 
 from keras_transformer.data.corpus import decode_lines
 from keras_transformer.data.corpus import read_lines
+from keras_transformer.files import write_atomically
 
 
 def _add_search_arguments(parser):
@@ -65,11 +66,7 @@ def _write_lines(lines, path):
         sys.stdout.write(text)
         sys.stdout.flush()
     else:
-        try:
-            with open(path, "w", encoding="utf-8") as file:
-                file.write(text)
-        except OSError as error:
-            raise OSError(f"Cannot write {path}: {error.strerror or error}") from None
+        write_atomically(path, text)
 
 
 def _check_writable(path):

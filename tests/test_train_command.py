@@ -290,3 +290,29 @@ def test_resume_knows_its_run_by_its_folder_and_never_goes_back(files, tmp_path,
     assert "link is at step 80 (its last checkpoint, ckpt-00000080.keras)" in error
     assert "--train-steps 20 would go back" in error and "--train-steps 80 or more" in error
     assert (tmp_path / "moved" / "train_config.json").read_text() == saved
+
+
+def test_a_torn_vocabulary_is_made_again_before_the_first_checkpoint_and_explained_after(files, tmp_path):
+    """A kill during the vocabulary's first write (before writes were atomic)
+    left subword.model empty, and --resume crashed inside SentencePiece."""
+    from keras_transformer.training.run import _vocabulary
+
+    config = TrainingConfig(
+        model_dir=str(tmp_path / "run"),
+        train_source=[str(files / "train.en.gz")], train_target=[str(files / "train.de.gz")],
+        valid_source=[str(files / "valid.en")], valid_target=[str(files / "valid.de")],
+        vocabulary_size=320, train_steps=8,
+    )
+    config.save()
+    (tmp_path / "run" / "subword.model").write_bytes(b"")
+    said = []
+    tokenizer = _vocabulary(config, said.append)
+    assert "subword.model is empty" in said[0] and "Making it again" in said[0]
+    assert kt.data.SubwordTokenizer.load(tmp_path / "run").fingerprint() == tokenizer.fingerprint()
+
+    (tmp_path / "run" / "subword.model").write_bytes(b"")
+    (tmp_path / "run" / "checkpoints").mkdir()
+    (tmp_path / "run" / "checkpoints" / "ckpt-00000004.keras").write_bytes(b"")
+    error = cli_error("train", "--resume", "--model-dir", tmp_path / "run")
+    assert "subword.model is empty" in error
+    assert "checkpoints (1) were trained with that vocabulary" in error and "put back subword.model" in error

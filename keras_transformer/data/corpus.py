@@ -6,7 +6,8 @@ import gzip
 import json
 import logging
 import os
-import tempfile
+
+from keras_transformer.files import write_atomically  # noqa: F401 (where recipes import it)
 
 logger = logging.getLogger("keras_transformer")
 
@@ -93,21 +94,6 @@ def read_json_object(path):
     if not isinstance(values, dict):
         raise ValueError(f"{path} must hold a JSON object; it holds {type(values).__name__}.")
     return values
-
-
-def write_atomically(path, content):
-    """Writes `content` (str or bytes) to `path` through a temporary file
-    beside it, so that a crash leaves the old file or the new one, never
-    half of one."""
-    directory = os.path.dirname(path) or "."
-    mode = "wb" if isinstance(content, (bytes, bytearray)) else "w"
-    encoding = None if mode == "wb" else "utf-8"
-    with tempfile.NamedTemporaryFile(mode, encoding=encoding, dir=directory, delete=False, suffix=".tmp") as file:
-        file.write(content)
-        file.flush()
-        os.fsync(file.fileno())
-        temporary = file.name
-    os.replace(temporary, path)
 
 
 def decode_lines(raw, path):

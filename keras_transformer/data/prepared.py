@@ -23,6 +23,7 @@ A directory holds:
   is a preparation that did not finish.
 """
 
+import contextlib
 import dataclasses
 import gzip
 import itertools
@@ -36,7 +37,9 @@ import zlib
 import numpy as np
 
 from keras_transformer.data.corpus import read_json_object
-from keras_transformer.data.corpus import write_atomically
+from keras_transformer.files import CannotWrite
+from keras_transformer.files import atomic_path
+from keras_transformer.files import write_atomically
 from keras_transformer.data.tokenizer import SubwordTokenizer
 
 MANIFEST_FILE = "manifest.json"
@@ -283,31 +286,34 @@ def prepare_dataset(source_paths, target_paths, tokenizer, directory, chunk_pair
     if os.path.exists(manifest_path):
         os.remove(manifest_path)  # the old arrays are about to change
     dtype = id_dtype(tokenizer.vocabulary_size)
-    files = {name: open(os.path.join(directory, name + ".partial"), "wb") for name in _array_files()}
     totals = dict.fromkeys(SIDES, 0)
-    for side in SIDES:
-        np.zeros(1, np.int64).tofile(files[f"{side}.offsets"])
     read, left_out, started = [], {"empty_side": 0, "too_long": 0}, time.time()
-    try:
-        for source_path, target_path in zip(source_paths, target_paths):
-            entry = {"source": os.fspath(source_path), "target": os.fspath(target_path), "lines": 0, "pairs": 0}
-            for chunk in read_pairs([source_path], [target_path], chunk_pairs):
-                entry["lines"] += len(chunk)
-                kept = [(s, t) for s, t in chunk if s.strip() and t.strip()]
-                left_out["empty_side"] += len(chunk) - len(kept)
-                if kept:
-                    kept_pairs = _write_chunk(kept, tokenizer, dtype, files, totals)
-                    left_out["too_long"] += len(kept) - kept_pairs
-                    entry["pairs"] += kept_pairs
-            read.append(entry)
-            if log:
-                log(f"prepared {source_path} | {target_path}: {entry['pairs']:,} pairs of "
-                    f"{entry['lines']:,} lines ({time.time() - started:.0f}s)")
-    finally:
-        for file in files.values():
-            file.close()
-    for name in _array_files():
-        os.replace(os.path.join(directory, name + ".partial"), os.path.join(directory, name))
+    with contextlib.ExitStack() as stack:  # each array file renamed into place at the end
+        files = {
+            name: stack.enter_context(open(stack.enter_context(atomic_path(os.path.join(directory, name))), "wb"))
+            for name in _array_files()
+        }
+        try:
+            for side in SIDES:
+                np.zeros(1, np.int64).tofile(files[f"{side}.offsets"])
+            for source_path, target_path in zip(source_paths, target_paths):
+                entry = {"source": os.fspath(source_path), "target": os.fspath(target_path), "lines": 0, "pairs": 0}
+                for chunk in read_pairs([source_path], [target_path], chunk_pairs):
+                    entry["lines"] += len(chunk)
+                    kept = [(s, t) for s, t in chunk if s.strip() and t.strip()]
+                    left_out["empty_side"] += len(chunk) - len(kept)
+                    if kept:
+                        kept_pairs = _write_chunk(kept, tokenizer, dtype, files, totals)
+                        left_out["too_long"] += len(kept) - kept_pairs
+                        entry["pairs"] += kept_pairs
+                read.append(entry)
+                if log:
+                    log(f"prepared {source_path} | {target_path}: {entry['pairs']:,} pairs of "
+                        f"{entry['lines']:,} lines ({time.time() - started:.0f}s)")
+        except OSError as error:
+            if isinstance(error, CannotWrite) or error.filename is not None:
+                raise  # named already: a file read, or written
+            raise CannotWrite(directory, error) from None  # a write of the arrays (a full disk)
     pairs = sum(entry["pairs"] for entry in read)
     manifest = {
         "format": FORMAT,

@@ -8,7 +8,7 @@ import numpy as np
 import sentencepiece
 
 from keras_transformer.data.corpus import read_json_object
-from keras_transformer.data.corpus import write_atomically
+from keras_transformer.files import write_atomically
 
 MODEL_FILE = "subword.model"
 CONFIG_FILE = "subword.json"
@@ -185,6 +185,11 @@ class SubwordTokenizer:
             )
         with open(model_path, "rb") as file:
             proto = file.read()
+        if not proto:
+            raise ValueError(
+                f"{model_path} is empty: a write of it was cut short, or it was "
+                "overwritten. Expected the file SubwordTokenizer.save writes."
+            )
         try:
             tokenizer = cls(proto)
         except RuntimeError as error:  # SentencePiece's parse failure

@@ -6,6 +6,7 @@ import os
 from keras_transformer.data.corpus import concatenate
 from keras_transformer.data.corpus import read_parallel_text
 from keras_transformer.data.corpus import read_tfds
+from keras_transformer.files import write_atomically
 
 # With no train.en/train.de, the WMT news test sets make a small offline
 # setup: the older sets train, newstest2013 validates (the paper's
@@ -147,7 +148,5 @@ def write_tfds_files(directory, source_language="en", target_language="de"):
             target_language=target_language,
         )
         for path, lines in zip(paths, (corpus.sources, corpus.targets)):
-            with open(path + ".partial", "w", encoding="utf-8") as file:
-                file.writelines(line.replace("\n", " ") + "\n" for line in lines)
-            os.replace(path + ".partial", path)
+            write_atomically(path, "".join(line.replace("\n", " ") + "\n" for line in lines))
     return directory

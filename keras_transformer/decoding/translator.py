@@ -18,6 +18,8 @@ from keras_transformer.decoding.beam_search import check_alpha
 from keras_transformer.decoding.beam_search import greedy_search
 from keras_transformer.decoding.compiled import CompiledFunction
 from keras_transformer.decoding.compiled import compiled_by_xla
+from keras_transformer.files import atomic_path
+from keras_transformer.files import write_atomically
 from keras_transformer.models.quantization import check_quantization_mode
 from keras_transformer.models.quantization import quantized
 
@@ -450,11 +452,10 @@ class Translator:
         `subword.json` and `translator.json`; `Translator.load` reads it
         under any backend.
         """
-        os.makedirs(directory, exist_ok=True)
-        self.model.save(os.path.join(directory, MODEL_FILE))
+        with atomic_path(os.path.join(directory, MODEL_FILE)) as temporary:
+            self.model.save(temporary)
         self.tokenizer.save(directory)
-        with open(os.path.join(directory, CONFIG_FILE), "w") as f:
-            json.dump(self.get_config(), f, indent=2)
+        write_atomically(os.path.join(directory, CONFIG_FILE), json.dumps(self.get_config(), indent=2))
 
     @classmethod
     def load(cls, directory, **overrides):

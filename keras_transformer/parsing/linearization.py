@@ -21,7 +21,7 @@ back into a tree.
 import collections
 import json
 
-from keras_transformer.data.corpus import write_atomically
+from keras_transformer.files import write_atomically
 from keras_transformer.parsing.treebank import Tree
 
 WORD = "XX"

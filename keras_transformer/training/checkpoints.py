@@ -9,12 +9,11 @@ import keras
 import numpy as np
 
 from keras_transformer.checks import describe_error
+from keras_transformer.files import PARTIAL_PREFIX
+from keras_transformer.files import atomic_path
 
 CHECKPOINT_PATTERN = "ckpt-{step:08d}.keras"
 CHECKPOINT_NAME = re.compile(r"ckpt-(\d+)\.keras")
-# A checkpoint is written under this prefix, then renamed: hidden, and not
-# of the checkpoint pattern, until it is whole.
-PARTIAL_PREFIX = ".partial-"
 # A checkpoint that cannot be read is moved aside under this prefix, out of
 # the resume's way but kept for inspection.
 UNREADABLE_PREFIX = ".unreadable-"
@@ -80,9 +79,8 @@ class SaveCheckpoints(keras.callbacks.Callback):
         os.makedirs(self.directory, exist_ok=True)
         step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
         path = os.path.join(self.directory, CHECKPOINT_PATTERN.format(step=step))
-        temporary = os.path.join(self.directory, PARTIAL_PREFIX + os.path.basename(path))
-        self.model.save(temporary)
-        os.replace(temporary, path)
+        with atomic_path(path) as temporary:
+            self.model.save(temporary)
         for old in list_checkpoints(self.directory)[: -self.keep]:
             os.remove(old)
         # Writes that an earlier crash cut short.

@@ -7,6 +7,8 @@ import time
 import keras
 import sacrebleu.metrics
 
+from keras_transformer.files import write_atomically
+
 
 def format_duration(seconds):
     """`1h05m`, `3m20s` or `42s`."""
@@ -151,8 +153,12 @@ class ValidationBLEU(keras.callbacks.Callback):
         # The next interval's clock leaves the validation time out.
         self._start += record.get("bleu_seconds", 0.0)
         if self.history_path:
-            with open(self.history_path, "a") as file:
-                file.write(json.dumps(record) + "\n")
+            # Rewritten whole: an append that a kill cut short would join
+            # the next record's line.
+            written = open(self.history_path).read() if os.path.isfile(self.history_path) else ""
+            if written and not written.endswith("\n"):
+                written = written[: written.rfind("\n") + 1]
+            write_atomically(self.history_path, written + json.dumps(record) + "\n")
         shown = [f"checkpoint at step {step}"]
         if "val_loss" in record:
             shown.append(f"valid loss {record['val_loss']:.3f}")

@@ -30,12 +30,13 @@ from keras_transformer.data.batches import TokenBatches
 from keras_transformer.data.corpus import concatenate
 from keras_transformer.data.corpus import read_json_object
 from keras_transformer.data.corpus import read_parallel_text
-from keras_transformer.data.corpus import write_atomically
+from keras_transformer.files import write_atomically
 from keras_transformer.data.pipeline import make_dataset
 from keras_transformer.data.prepared import is_prepared
 from keras_transformer.data.prepared import load_prepared
 from keras_transformer.data.prepared import prepare_dataset
 from keras_transformer.data.prepared import train_vocabulary
+from keras_transformer.data.tokenizer import CONFIG_FILE as VOCABULARY_CONFIG_FILE
 from keras_transformer.data.tokenizer import MODEL_FILE as VOCABULARY_FILE
 from keras_transformer.data.tokenizer import SubwordTokenizer
 from keras_transformer.decoding.translator import Translator
@@ -480,10 +481,21 @@ def _vocabulary(config, log):
     """The run's vocabulary: its own when resuming, the given one, or new."""
     own = os.path.join(config.model_dir, VOCABULARY_FILE)
     given = config.train_data or config.vocabulary
-    if os.path.isfile(own):
-        tokenizer = SubwordTokenizer.load(config.model_dir)
-        log(f"vocabulary: {tokenizer.vocabulary_size} pieces from {config.model_dir}")
-    elif given is not None:
+    if os.path.isfile(own) or os.path.isfile(os.path.join(config.model_dir, VOCABULARY_CONFIG_FILE)):
+        try:
+            tokenizer = SubwordTokenizer.load(config.model_dir)
+            log(f"vocabulary: {tokenizer.vocabulary_size} pieces from {config.model_dir}")
+            return tokenizer
+        except (ValueError, FileNotFoundError) as error:  # torn or missing: a kill before atomic writes
+            checkpoints = list_checkpoints(os.path.join(config.model_dir, "checkpoints"))
+            if given is None and checkpoints:
+                raise ValueError(
+                    f"{error} The run's checkpoints ({len(checkpoints)}) were trained with that vocabulary, "
+                    f"so it cannot be made anew: put back {VOCABULARY_FILE} and {VOCABULARY_CONFIG_FILE} "
+                    f"from a copy of {config.model_dir}, or start a new --model-dir."
+                ) from None
+            log(f"vocabulary: {error} Making it again as the run first did (no checkpoint needs another).")
+    if given is not None:
         tokenizer = SubwordTokenizer.load(given)
         tokenizer.save(config.model_dir)
         log(f"vocabulary: {tokenizer.vocabulary_size} pieces from {given}")
