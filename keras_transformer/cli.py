@@ -65,6 +65,12 @@ def _write_lines(lines, path):
     if path in (None, "-"):
         sys.stdout.write(text)
         sys.stdout.flush()
+    elif os.path.exists(path) and not os.path.isfile(path):  # /dev/null, a pipe: not renamed over
+        try:
+            with open(path, "w", encoding="utf-8") as file:
+                file.write(text)
+        except OSError as error:
+            raise OSError(f"Cannot write {path}: {error.strerror or error}") from None
     else:
         write_atomically(path, text)
 
