@@ -1,5 +1,6 @@
 import gzip
 import logging
+import re
 import sys
 import types
 
@@ -115,3 +116,15 @@ def test_tfds_reader_decodes_and_filters_examples(monkeypatch):
     assert list(corpus) == [("A cat.", "Eine Katze."), ("Two dogs.", "Zwei Hunde.")]
     assert (corpus.skipped_empty, corpus.filtered_too_long) == (1, 1)
     assert corpus.name == "tfds:wmt14_translate/de-en/validation"
+
+
+def test_a_gzip_file_with_damaged_bytes_is_an_error_naming_it(tmp_path):
+    """A damaged deflate stream raises zlib.error, which was not caught."""
+    text = "".join(f"line {i} of a parallel corpus with some words\n" for i in range(2000)).encode()
+    damaged = bytearray(gzip.compress(text))
+    damaged[200:260] = bytes(b ^ 0x5A for b in damaged[200:260])
+    path = tmp_path / "train.de.gz"
+    path.write_bytes(bytes(damaged))
+    (tmp_path / "train.en").write_bytes(text)
+    with pytest.raises(ValueError, match=rf"Cannot read {re.escape(str(path))}: Error -3 while decompressing"):
+        read_parallel_text(tmp_path / "train.en", path)

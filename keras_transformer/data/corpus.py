@@ -6,6 +6,7 @@ import gzip
 import json
 import logging
 import os
+import zlib
 
 from keras_transformer.files import write_atomically  # noqa: F401 (where recipes import it)
 
@@ -79,8 +80,8 @@ def read_lines(path):
     try:
         with opener(path, "rb") as file:
             raw = file.read()
-    except (OSError, EOFError) as error:
-        raise ValueError(f"Cannot read {path}: {error}") from error
+    except (OSError, EOFError, zlib.error) as error:  # zlib.error: damaged compressed bytes
+        raise ValueError(f"Cannot read {path}: {error}") from None
     return decode_lines(raw, path)
 
 
