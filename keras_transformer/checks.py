@@ -10,12 +10,29 @@ loudly on every backend, saying which input, where, and what was expected.
 
 import contextlib
 import functools
+import math
+import numbers
 import sys
 import threading
 import types
 
 import keras
 import numpy as np
+
+
+def check_count(name, value, least=1):
+    """`value` must be a whole number (an int, or a float with no fraction)
+    of at least `least`: NaN, infinities, fractions and bools are refused.
+
+    Returns:
+        `value` as an int.
+    """
+    whole = isinstance(value, numbers.Integral) or (
+        isinstance(value, numbers.Real) and math.isfinite(value) and float(value).is_integer()
+    )
+    if isinstance(value, bool) or not whole or value < least:
+        raise ValueError(f"`{name}` must be a whole number >= {least}. Received: {name}={value!r}")
+    return int(value)
 
 
 def describe_error(error):

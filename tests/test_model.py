@@ -132,6 +132,19 @@ def test_mixed_precision_gives_float32_logits_and_decodes(batch):
     np.testing.assert_allclose(to_numpy(step_logits)[:, 0], to_numpy(logits)[:, 0], atol=0.1)
 
 
+def test_a_decode_step_outside_its_cache_is_refused(batch):
+    """Past the cache (or before it) the update wrote the last slot and the
+    step returned logits as if it held."""
+    model = kt.build_transformer("tiny", vocabulary_size=V)
+    encoder_output, mask = model.encode(batch["source_ids"])
+    cache = model.initial_cache(encoder_output, max_length=4)
+    logits, _ = model.decode_step(batch["target_ids"][:, :2], cache, 2, mask)  # positions 2 and 3: the last
+    assert tuple(logits.shape) == (3, 2, V)
+    for index, steps in ((3, 2), (4, 1), (-1, 1), (np.int64(7), 1)):
+        with pytest.raises(ValueError, match=rf"`index` must be from 0 to {4 - steps} .* cache of 4 positions.*index={index}"):
+            model.decode_step(batch["target_ids"][:, :steps], cache, index, mask)
+
+
 def test_unknown_preset_is_rejected():
     with pytest.raises(ValueError, match=r"Expected one of \['base', 'big', 'small', 'tiny'\]. Received: preset='large'"):
         kt.build_transformer("large")

@@ -1,6 +1,7 @@
 import glob
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -13,6 +14,7 @@ import pytest
 
 import keras_transformer as kt
 from keras_transformer import training
+from keras_transformer.checks import check_count
 
 from conftest import in_one_pass, to_numpy
 
@@ -129,6 +131,20 @@ def test_a_write_cut_short_by_a_crash_neither_stops_nor_counts_in_a_resume(tmp_p
     assert int(to_numpy(model.optimizer.iterations)) == 10
     assert saved_steps(checkpoints) == [5, 10]
     assert not (checkpoints / ".partial-ckpt-00000010.keras").exists()
+
+
+@pytest.mark.parametrize("name, value", [
+    ("train_steps", float("nan")), ("train_steps", float("inf")), ("train_steps", 2.5), ("train_steps", True),
+    ("checkpoint_every", 0), ("keep_checkpoints", -1),
+])
+def test_fit_refuses_counts_that_are_not_whole_positive_numbers(tmp_path, name, value):
+    """NaN steps used to return the untrained model, with no checkpoint and no error."""
+    model = training.compile_model(kt.build_transformer("tiny", vocabulary_size=16, num_layers=1), warmup_steps=5)
+    counts = {"train_steps": 5, "checkpoint_every": 5, "keep_checkpoints": 5} | {name: value}
+    with pytest.raises(ValueError, match=rf"`{name}` must be a whole number >= 1. Received: {name}={re.escape(repr(value))}"):
+        training.fit(model, reversal_batches(), tmp_path, verbose=0, **counts)
+    assert not (tmp_path / "checkpoints").exists() or not os.listdir(tmp_path / "checkpoints")
+    assert check_count(name, 2.0) == 2  # a whole float, as from JSON or arithmetic, is taken
 
 
 def test_an_unwritable_checkpoint_directory_is_reported_before_training(tmp_path):

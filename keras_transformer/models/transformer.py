@@ -497,6 +497,7 @@ class Transformer(keras.Model):
         Returns:
             `(logits [B, t, vocabulary_size], cache)`.
         """
+        _check_cache_index(index, target_ids, cache)
         x = self._embed_target(target_ids, start_index=index, position_table=position_table)
         updated_cache = []
         for block, block_cache in zip(self.decoder_blocks, cache):
@@ -702,3 +703,20 @@ def _as_tf_dataset_under_tensorflow(x):
     if isinstance(x, TokenBatches) and keras.backend.backend() == "tensorflow":
         return x.as_tf_dataset()
     return x
+
+
+def _check_cache_index(index, target_ids, cache):
+    """A known `index` must leave its positions inside the cache: an update
+    past it would write the last slot and return logits as if it held.
+    (A traced index is the search loop's own, kept in range there.)"""
+    if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not cache:
+        return
+    slots = cache[0]["self_attention"][0].shape[2]
+    steps = target_ids.shape[1]
+    if slots is None or steps is None:
+        return
+    if not 0 <= index <= slots - steps:
+        raise ValueError(
+            f"`index` must be from 0 to {slots - steps} for {steps} target position(s) in a cache of "
+            f"{slots} positions (initial_cache's max_length). Received: index={index}"
+        )

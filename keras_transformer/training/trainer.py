@@ -6,6 +6,7 @@ import os
 import keras
 import numpy as np
 
+from keras_transformer.checks import check_count
 from keras_transformer.environment import tensorflow_beside_backend
 from keras_transformer.losses import LabelSmoothedCrossEntropy
 from keras_transformer.metrics import MaskedTokenAccuracy
@@ -143,11 +144,9 @@ def fit(
     Returns:
         The trained model: `model`, or the one restored from a checkpoint.
     """
-    if train_steps < 1 or checkpoint_every < 1:
-        raise ValueError(
-            "`train_steps` and `checkpoint_every` must be positive. Received: "
-            f"train_steps={train_steps}, checkpoint_every={checkpoint_every}"
-        )
+    train_steps = check_count("train_steps", train_steps)
+    checkpoint_every = check_count("checkpoint_every", checkpoint_every)
+    keep_checkpoints = check_count("keep_checkpoints", keep_checkpoints)
     checkpoint_dir = os.path.join(model_dir, "checkpoints")
     check_writable(checkpoint_dir)
     restored = restore_latest(model, checkpoint_dir)
