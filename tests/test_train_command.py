@@ -316,3 +316,21 @@ def test_a_torn_vocabulary_is_made_again_before_the_first_checkpoint_and_explain
     error = cli_error("train", "--resume", "--model-dir", tmp_path / "run")
     assert "subword.model is empty" in error
     assert "checkpoints (1) were trained with that vocabulary" in error and "put back subword.model" in error
+
+
+@pytest.mark.parametrize("field, value, expected", [
+    ("model", ["num_layers", 3], "`model` must be an object of architecture fields"),
+    ("train_source", 5, "`train_source` must be a file path or a list of file paths; received 5"),
+    ("train_steps", "80", "train_steps must be an integer >= 1; received '80'"),
+    ("preset", ["small"], "preset must be one of ['base', 'big', 'small', 'tiny']; received ['small']"),
+])
+def test_a_configuration_file_with_a_wrong_type_is_one_error_naming_the_file_and_field(tmp_path, field, value, expected):
+    """Wrong JSON types used to give Python's own messages ("dictionary
+    update sequence element #0 has length 1; 2 is required")."""
+    config = TrainingConfig(model_dir=str(tmp_path), train_source=["a.en"], train_target=["a.de"],
+                            valid_source=["v.en"], valid_target=["v.de"])
+    config.save()
+    values = json.loads((tmp_path / "train_config.json").read_text()) | {field: value}
+    (tmp_path / "train_config.json").write_text(json.dumps(values))
+    error = cli_error("train", "--resume", "--model-dir", tmp_path)
+    assert error.startswith(f"error: {tmp_path / 'train_config.json'}: ") and expected in error

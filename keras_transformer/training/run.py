@@ -150,15 +150,23 @@ class TrainingConfig:
     log_every: int = 100
 
     def __post_init__(self):
+        path = (str, os.PathLike)
         for name in ("train_source", "train_target", "valid_source", "valid_target"):
             value = getattr(self, name)
-            setattr(self, name, [value] if isinstance(value, (str, os.PathLike)) else list(value))
-            setattr(self, name, [os.fspath(path) for path in getattr(self, name)])
-        self.model_dir = os.fspath(self.model_dir)
-        if self.vocabulary is not None:
-            self.vocabulary = os.fspath(self.vocabulary)
-        if self.train_data is not None:
-            self.train_data = os.fspath(self.train_data)
+            value = [value] if isinstance(value, path) else value
+            if not isinstance(value, (list, tuple)) or not all(isinstance(p, path) for p in value):
+                raise TypeError(f"`{name}` must be a file path or a list of file paths; received {value!r}.")
+            setattr(self, name, [os.fspath(p) for p in value])
+        for name in ("model_dir", "vocabulary", "train_data"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, path) or (name == "model_dir" and value is None):
+                raise TypeError(f"`{name}` must be a folder's path; received {value!r}.")
+            setattr(self, name, None if value is None else os.fspath(value))
+        if not isinstance(self.model or {}, dict):
+            raise TypeError(
+                f"`model` must be an object of architecture fields, such as {{\"num_layers\": 3}}; "
+                f"received {self.model!r}."
+            )
         self.model = dict(self.model or {})
 
     # === Checks, before anything runs ===
@@ -166,6 +174,13 @@ class TrainingConfig:
     def validate(self):
         """Raises `ValueError` naming every field that is out of its domain,
         and `FileNotFoundError` for missing files."""
+        problems = self.problems()
+        if problems:
+            raise ValueError("Invalid training configuration: " + "; ".join(problems) + ".")
+        self._check_files()
+
+    def problems(self):
+        """What is wrong with the fields' values (types included), one line each."""
         problems = []
 
         def whole(name, least=1, value=None):
@@ -203,9 +218,9 @@ class TrainingConfig:
                     f"tokens_per_batch ({self.tokens_per_batch}) must hold at least one "
                     f"pair of max_tokens ({self.max_tokens}) tokens"
                 )
-        if self.preset not in PRESETS:
+        if not isinstance(self.preset, str) or self.preset not in PRESETS:
             problems.append(f"preset must be one of {sorted(PRESETS)}; received {self.preset!r}")
-        if self.dtype not in DTYPES:
+        if not isinstance(self.dtype, str) or self.dtype not in DTYPES:
             problems.append(f"dtype must be one of {list(DTYPES)}; received {self.dtype!r}")
         if self.jit_compile not in ("auto", True, False):
             problems.append(f"jit_compile must be 'auto', true or false; received {self.jit_compile!r}")
@@ -221,7 +236,7 @@ class TrainingConfig:
         for name, least in (("key_dim", 1), ("value_dim", 1), ("max_length", 1), ("attention_window", 0)):
             if self.model.get(name) is not None:
                 whole(f"model.{name}", least, self.model[name])
-        architecture = self.architecture() if self.preset in PRESETS else {}
+        architecture = self.architecture() if not problems else {}
         if not problems:
             try:
                 check_attention_and_positions(**{
@@ -242,9 +257,9 @@ class TrainingConfig:
                 f"model.max_length ({architecture['max_length']}) must be at least max_tokens "
                 f"({self.max_tokens}), so that every training pair has a position for each token"
             )
-        if problems:
-            raise ValueError("Invalid training configuration: " + "; ".join(problems) + ".")
+        return problems
 
+    def _check_files(self):
         if self.train_data is not None:
             if self.train_source or self.train_target:
                 raise ValueError(
@@ -316,7 +331,14 @@ class TrainingConfig:
                 f"{source} does not describe a training run: unknown fields {unknown}, "
                 f"missing fields {missing}."
             )
-        return cls(**values)
+        try:
+            config = cls(**values)
+        except TypeError as error:
+            raise ValueError(f"{source}: {error}") from None
+        problems = config.problems()
+        if problems:
+            raise ValueError(f"{source}: " + "; ".join(problems) + ".")
+        return config
 
     @classmethod
     def load(cls, path):
