@@ -852,6 +852,21 @@ def test_save_and_load_keep_the_model_vocabulary_and_settings(model, tokenizer, 
     assert Translator.load(tmp_path, beam_size=1).beam_size == 1
 
 
+def test_a_model_file_replaced_by_another_keras_model_is_one_error(model, tokenizer, tmp_path):
+    """translate and export used to print an AttributeError traceback."""
+    Translator(model, tokenizer).save(tmp_path)
+    other = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)], name="classifier")
+    other.save(tmp_path / "model.keras")
+    with pytest.raises(ValueError, match=r"model.keras holds a Sequential \('classifier'\), not a keras_transformer Transformer"):
+        Translator.load(tmp_path)
+    from keras_transformer.cli import main
+
+    for command in (["translate", "--model-dir", str(tmp_path), "--input", "-"], ["export", "--model-dir", str(tmp_path)]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(command)
+        assert str(exit_info.value.code).startswith("error: ") and "holds a Sequential" in str(exit_info.value.code)
+
+
 def test_cross_attention_map_rows_are_distributions_over_the_source(model, tokenizer):
     translator = Translator(model, tokenizer, beam_size=2, max_extra_length=6)
     translation, source_pieces, target_pieces, weights = cross_attention_map(translator, SENTENCES[0])

@@ -22,6 +22,7 @@ from keras_transformer.files import atomic_path
 from keras_transformer.files import write_atomically
 from keras_transformer.models.quantization import check_quantization_mode
 from keras_transformer.models.quantization import quantized
+from keras_transformer.models.transformer import Transformer
 
 CONFIG_FILE = "translator.json"
 MODEL_FILE = "model.keras"
@@ -492,6 +493,12 @@ class Translator:
                 "Expected the .keras file Translator.save writes; it may be "
                 "truncated or overwritten."
             ) from None
+        if not isinstance(model, Transformer):
+            raise ValueError(
+                f"{model_path} holds a {type(model).__name__} ({model.name!r}), not a "
+                "keras_transformer Transformer. Expected the model.keras Translator.save "
+                "writes; it may have been overwritten by another model."
+            )
         tokenizer = SubwordTokenizer.load(directory)
         try:
             return cls(model, tokenizer, **config)
