@@ -356,6 +356,11 @@ def test_under_jax_compiled_steps_leave_the_id_check_to_the_host(model, batch, m
         model.fit(*_as(form, batch, labels), verbose=0, **({} if form == "arrays" else {"steps_per_epoch": 1}))
         model.evaluate(*_as(form, batch, labels), verbose=0)
         model.predict(*_as(form, batch), verbose=0)
+    # The batch methods too, on a model whose steps are not made yet (a
+    # second, later definition of these two once replaced the checking ones).
+    fresh = kt.training.compile_model(kt.build_transformer("tiny", vocabulary_size=V))
+    fresh.test_on_batch(batch, labels)
+    fresh.predict_on_batch(batch)
     assert callbacks == []
     bad = {k: v.copy() for k, v in batch.items()}
     bad["source_ids"][1, 2] = -1

@@ -357,12 +357,6 @@ class Transformer(keras.Model):
         with strategy.scope() if strategy is not None else contextlib.nullcontext():
             optimizer.build(self.trainable_variables)
 
-    def test_on_batch(self, x, *args, **kwargs):
-        return super().test_on_batch(check_model_data(x, self.vocabulary_size), *args, **kwargs)
-
-    def predict_on_batch(self, x):
-        return super().predict_on_batch(check_model_data(x, self.vocabulary_size))
-
     def __setattr__(self, name, value):
         # The layers are made before `super().__init__()`, whose Functional
         # graph then tracks them. Until that init has made the tracker, set
