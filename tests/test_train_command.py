@@ -146,6 +146,7 @@ def test_train_resumes_after_kill_9_and_the_loss_curve_continues(files, tmp_path
     assert "Pass --resume" in cli_error(*train_arguments(files, killed_dir, "--train-steps", 60, *common))
     resumed = cli("train", "--resume", "--model-dir", killed_dir)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming from ckpt-{done:08d}.keras: step {done} of 60\n" in resumed.stdout
     before, after, reference = progress_losses(stdout), progress_losses(resumed.stdout), progress_losses(whole.stdout)
     # The curve continues where the checkpoint left it, not from the start ...
     assert min(after) == done + 5 and max(after) == 60
@@ -163,6 +164,11 @@ def test_train_resumes_after_kill_9_and_the_loss_curve_continues(files, tmp_path
     for got, want in zip(kt.Translator.load(killed_dir).model.get_weights(),
                          kt.Translator.load(tmp_path / "whole").model.get_weights()):
         np.testing.assert_allclose(got, want, atol=1e-5)
+    # Resumed once more, a finished run says so, trains nothing and succeeds.
+    again = cli("train", "--resume", "--model-dir", killed_dir)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming from ckpt-00000060.keras: step 60 of 60; nothing left to train" in again.stdout
+    assert not PROGRESS.search(again.stdout) and "checkpoint at step" not in again.stdout
 
 
 def cli_error(*args):

@@ -432,6 +432,13 @@ def train_translator(config, resume=False, log=print, verbose=0):
     prepare_model_dir(config, resume)
     keras.utils.set_random_seed(config.seed)
     started = time.time()
+    checkpoints = list_checkpoints(os.path.join(config.model_dir, "checkpoints"))
+    if resume and checkpoints:
+        reached = checkpoint_step(checkpoints[-1])
+        log(
+            f"resuming from {os.path.basename(checkpoints[-1])}: step {reached} of {config.train_steps}"
+            + ("; nothing left to train, the translator is saved again from the checkpoints" if reached >= config.train_steps else "")
+        )
 
     tokenizer = _vocabulary(config, log)
     train = _training_pairs(config, tokenizer, log)
