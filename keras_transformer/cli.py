@@ -27,6 +27,7 @@ import warnings
 
 from keras_transformer.data.corpus import decode_lines
 from keras_transformer.data.corpus import read_lines
+from keras_transformer.files import CannotWrite
 from keras_transformer.files import write_atomically
 
 
@@ -70,7 +71,7 @@ def _write_lines(lines, path):
             with open(path, "w", encoding="utf-8") as file:
                 file.write(text)
         except OSError as error:
-            raise OSError(f"Cannot write {path}: {error.strerror or error}") from None
+            raise CannotWrite(path, error) from None
     else:
         write_atomically(path, text)
 

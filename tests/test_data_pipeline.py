@@ -208,7 +208,9 @@ def test_multi30k_batches_are_full_and_little_padded():
 @pytest.mark.filterwarnings("ignore:Batching leaves out")
 @pytest.mark.skipif(
     keras.backend.backend() != "tensorflow",
-    reason="Keras's TensorFlow adapter fixes the shapes it samples; JAX's and torch's iterate the arrays",
+    reason="tests the TensorFlow backend's conversion of batches to tf.data (Keras's TensorFlow adapter fixes "
+    "the shapes it samples); JAX and torch take the PyDataset as it is, and train every bucket shape in the "
+    "quick start's test",
 )
 def test_fit_and_evaluate_take_every_bucket_shape(corpus, tokenizer):
     """Here the first two batches share a shape and the ones after differ:

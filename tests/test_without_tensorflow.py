@@ -19,12 +19,17 @@ pytestmark = pytest.mark.skipif(
 HOOK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "without_tensorflow")
 
 
-def cli(*arguments):
+def without_tensorflow():
+    """This process's environment, with the hook that makes TensorFlow absent."""
     environment = dict(os.environ)
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [HOOK, environment.get("PYTHONPATH")]))
+    return environment
+
+
+def cli(*arguments):
     return subprocess.run(
         [sys.executable, "-m", "keras_transformer", *map(str, arguments)],
-        capture_output=True, text=True, env=environment, timeout=600,
+        capture_output=True, text=True, env=without_tensorflow(), timeout=600,
     )
 
 
@@ -52,11 +57,9 @@ def commands(*argument_lists):
     a list of `{"returncode", "stdout", "stderr"}`."""
     import json
 
-    environment = dict(os.environ)
-    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [HOOK, environment.get("PYTHONPATH")]))
     process = subprocess.run(
         [sys.executable, "-c", COMMANDS_SCRIPT, json.dumps([[str(a) for a in args] for args in argument_lists])],
-        capture_output=True, text=True, env=environment, timeout=600,
+        capture_output=True, text=True, env=without_tensorflow(), timeout=600,
     )
     assert process.returncode == 0, process.stderr[-3000:]
     return [types.SimpleNamespace(**result) for result in json.loads(process.stdout.splitlines()[-1])]

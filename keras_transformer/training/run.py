@@ -361,6 +361,9 @@ def prepare_model_dir(config, resume=False):
     one, except `train_steps`, which may grow to train longer, and
     `model_dir`: the run is the folder, however it is spelled or wherever it
     was moved.
+
+    Returns:
+        The run's checkpoints, oldest first (none for a new run).
     """
     model_dir = config.model_dir
     if os.path.exists(model_dir) and not os.path.isdir(model_dir):
@@ -402,6 +405,7 @@ def prepare_model_dir(config, resume=False):
     except OSError as error:
         raise ValueError(f"Cannot write checkpoints into {model_dir}: {error}") from None
     config.save()
+    return checkpoints
 
 
 def read_corpus(sources, targets, name):
@@ -429,10 +433,9 @@ def train_translator(config, resume=False, log=print, verbose=0):
         The saved `Translator`.
     """
     config.validate()
-    prepare_model_dir(config, resume)
+    checkpoints = prepare_model_dir(config, resume)
     keras.utils.set_random_seed(config.seed)
     started = time.time()
-    checkpoints = list_checkpoints(os.path.join(config.model_dir, "checkpoints"))
     if resume and checkpoints:
         reached = checkpoint_step(checkpoints[-1])
         log(
