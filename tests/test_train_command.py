@@ -1,6 +1,7 @@
 """`keras-transformer train`: parallel files in, a translator directory out;
 errors before training; resumption after kill -9; the Multi30k recipe."""
 
+import io
 import json
 import os
 import re
@@ -8,7 +9,9 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 
+import h5py
 import keras
 import numpy as np
 import pytest
@@ -76,6 +79,7 @@ def test_train_writes_a_translator_directory_the_other_commands_take(files, tmp_
     steps = [int(m.group(1)) for m in PROGRESS.finditer(result.stdout)]
     assert steps == [2, 4, 6, 7]
     assert "ETA" in result.stdout
+    assert "batches: 9 lengths from 8 to 16 tokens (bucket_step 1.1)" in result.stdout
     assert re.search(r"checkpoint at step 5 \| valid loss [\d.]+ \| perplexity [\d.]+ \| greedy BLEU [\d.]+ on 6 sentences", result.stdout)
     # It stopped at exactly 7 steps, with a checkpoint there, and averaged the last two.
     kept = sorted(os.listdir(model_dir / "checkpoints"))
@@ -91,6 +95,9 @@ def test_train_writes_a_translator_directory_the_other_commands_take(files, tmp_
     translator = kt.Translator.load(model_dir)
     assert (translator.beam_size, translator.max_source_length) == (2, 16)
     averaged = kt.training.average_checkpoints(kt.training.list_checkpoints(model_dir / "checkpoints"))
+    with zipfile.ZipFile(model_dir / "model.keras") as archive:
+        with h5py.File(io.BytesIO(archive.read("model.weights.h5")), "r") as weights:
+            assert "optimizer" not in weights  # a translator carries no Adam moments
     for got, want in zip(translator.model.get_weights(), averaged.get_weights()):
         np.testing.assert_array_equal(got, want)
 
@@ -109,11 +116,12 @@ def test_train_writes_a_translator_directory_the_other_commands_take(files, tmp_
 
     # The saved configuration repeats the run, with options overriding it.
     repeated = cli("train", "--config", model_dir / "train_config.json", "--model-dir", tmp_path / "again",
-                   "--train-steps", 2, "--checkpoint-every", 2)
+                   "--train-steps", 2, "--checkpoint-every", 2, "--bucket-step", 1.5)
     assert repeated.returncode == 0, repeated.stderr[-3000:]
+    assert "batches: 3 lengths from 8 to 16 tokens (bucket_step 1.5)" in repeated.stdout
     again = TrainingConfig.load(tmp_path / "again")
     assert again.to_dict() == config.to_dict() | {
-        "model_dir": str(tmp_path / "again"), "train_steps": 2, "checkpoint_every": 2
+        "model_dir": str(tmp_path / "again"), "train_steps": 2, "checkpoint_every": 2, "bucket_step": 1.5
     }
 
 
@@ -189,6 +197,7 @@ def cli_error(*args):
         (["--dropout", "nan"], "model.dropout must be a number in [0, 1); received nan"),
         (["--alpha", "inf"], "alpha must be a number in [0, inf); received inf"),
         (["--learning-rate-scale", "-1"], "learning_rate_scale must be a number in (0, inf); received -1.0"),
+        (["--bucket-step", "0.9"], "bucket_step must be a number in [1, 4]; received 0.9"),
         (["--preset", "huge"], "preset must be one of"),
         (["--num-heads", "3"], "d_model (64) must be divisible by num_heads (3)"),
         (["--attention-window", "-1"], "model.attention_window must be an integer >= 0; received -1"),

@@ -103,6 +103,10 @@ class TrainingConfig:
             `max_length` = `max_tokens` + `max_extra_length`.
         dtype: `"float32"`, `"mixed_bfloat16"` or `"mixed_float16"`.
         tokens_per_batch: padded tokens per side per batch (section 5.1).
+        bucket_step: each batch length is about this factor longer than the
+            one before: 1.1 gives 35 lengths up to 128 tokens and little
+            padding; 1.5 gives 8, for accelerators where each new shape
+            costs a compilation (XLA on a GPU).
         max_tokens: pairs with a side longer than this many subword tokens
             (EOS included) are left out of training; longer inputs are cut
             when translating.
@@ -133,6 +137,7 @@ class TrainingConfig:
     model: dict = dataclasses.field(default_factory=dict)
     dtype: str = "float32"
     tokens_per_batch: int = 4096
+    bucket_step: float = 1.1
     max_tokens: int = 128
     warmup_steps: int = 4000
     learning_rate_scale: float = 1.0
@@ -211,6 +216,7 @@ class TrainingConfig:
             whole("valid_pairs")
         number("learning_rate_scale", 0, math.inf, self.learning_rate_scale, low_open=True)
         number("label_smoothing", 0, 1, self.label_smoothing)
+        number("bucket_step", 1, 4, self.bucket_step, high_open=False)
         number("alpha", 0, math.inf, self.alpha)
         if isinstance(self.tokens_per_batch, int) and isinstance(self.max_tokens, int):
             if self.tokens_per_batch < self.max_tokens:
@@ -452,11 +458,14 @@ def train_translator(config, resume=False, log=print, verbose=0):
     log(f"{distribution}")
     train_data = TokenBatches(
         train, config.tokens_per_batch, max_length=config.max_tokens,
-        repeat=True, seed=config.seed, batch_multiple=distribution.num_replicas,
+        bucket_step=config.bucket_step, repeat=True, seed=config.seed, batch_multiple=distribution.num_replicas,
         shard=distribution.data_shard,
     )
+    lengths = train_data.lengths
+    log(f"batches: {len(lengths)} lengths from {lengths[0]} to {lengths[-1]} tokens (bucket_step {config.bucket_step})")
     valid_data = make_dataset(
-        valid, tokenizer, config.tokens_per_batch, max_length=config.max_tokens, shuffle=False
+        valid, tokenizer, config.tokens_per_batch, max_length=config.max_tokens,
+        bucket_step=config.bucket_step, shuffle=False,
     )
     architecture = config.architecture() | {"vocabulary_size": tokenizer.vocabulary_size}
     with distribution.scope():
@@ -495,7 +504,7 @@ def train_translator(config, resume=False, log=print, verbose=0):
 
     checkpoints = list_checkpoints(os.path.join(config.model_dir, "checkpoints"))
     kept = checkpoints[-config.average :]
-    final = average_checkpoints(kept) if len(kept) > 1 else model
+    final = average_checkpoints(kept)
     translator = Translator(
         final, tokenizer, beam_size=config.beam_size, alpha=config.alpha,
         max_extra_length=config.max_extra_length, max_source_length=config.max_tokens,
