@@ -230,8 +230,10 @@ def training_config(args):
 
     With `--resume`, the model directory's own `train_config.json`; with
     `--config`, that file; options given on the command line override
-    either.
+    either; a run killed before it saved its configuration starts again
+    from the command line, which describes it in full.
     """
+    from keras_transformer.training.run import CONFIG_FILE
     from keras_transformer.training.run import TrainingConfig
 
     if args.resume and not args.model_dir and not args.config:
@@ -240,7 +242,9 @@ def training_config(args):
     if args.config:
         values = TrainingConfig.load(args.config).to_dict()
     elif args.resume:
-        values = TrainingConfig.load(args.model_dir).to_dict()
+        saved = os.path.isfile(os.path.join(args.model_dir, CONFIG_FILE))
+        if saved or not (args.train_source or args.train_data):
+            values = TrainingConfig.load(args.model_dir).to_dict()
     # Every configuration field that has an option of the same name.
     for field in dataclasses.fields(TrainingConfig):
         value = getattr(args, field.name, None)

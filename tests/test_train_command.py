@@ -131,7 +131,9 @@ def progress_losses(stdout):
 
 @in_one_pass("torch", "the command's checkpoints and log; each backend's exact resume is tested in-process in every pass")
 def test_train_resumes_after_kill_9_and_the_loss_curve_continues(files, tmp_path):
-    common = ["--dropout", 0, "--checkpoint-every", 10, "--log-every", 5, "--average", 3]
+    # No validation BLEU: greedy search costs more than these steps under
+    # torch, and its resume is tested in-process (test_training.py).
+    common = ["--dropout", 0, "--checkpoint-every", 10, "--log-every", 5, "--average", 3, "--valid-bleu-sentences", 0]
     whole = cli(*train_arguments(files, tmp_path / "whole", "--train-steps", 60, *common))
     assert whole.returncode == 0, whole.stderr[-3000:]
 
@@ -274,6 +276,39 @@ def test_multi30k_recipe_smoke_mode_trains_and_scores_test2016(tmp_path):
     ]
     assert all(r["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a") for r in results["test2016"])
     assert len((tmp_path / "run" / "test2016.hyp").read_text().splitlines()) == 8
+
+
+@in_one_pass("torch", "the files a killed run leaves and the resume from them; each backend's exact resume is tested in-process")
+def test_a_run_killed_at_each_of_its_file_writes_in_turn_resumes_to_its_end(files, tmp_path):
+    """Each run is killed at its k-th file write (vocabulary, prepared data,
+    configuration, checkpoints, history, the final save), then the same
+    command with --resume must finish it. A kill at the first two writes
+    used to leave a folder that --resume refused for want of a
+    configuration."""
+    arguments = train_arguments(files, "RUN", "--train-steps", 2, "--checkpoint-every", 1, "--average", 2,
+                                "--valid-bleu-sentences", 0)
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "tests", "train_killed_at_writes.py"), str(tmp_path), "40", *arguments],
+        env=dict(os.environ, KERAS_BACKEND=keras.backend.backend(), KERAS_TRANSFORMER_QUIET="1"),
+        capture_output=True, text=True, timeout=1200,
+    )
+    records = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"write"')]
+    assert records and records[-1]["killed"] == 0, result.stderr[-3000:]  # it reached the run's end
+    killed = records[:-1]
+    failed = [record for record in killed if (record["killed"], record["resumed"]) != (-signal.SIGKILL, 0)]
+    assert not failed, (failed, result.stderr[-3000:])
+    hit = [record["file"] for record in killed]
+    for name in ("checkpoints/.write-check", "train_config.json", "subword.model", "subword.json",
+                 "data/source.ids", "data/target.lengths", "data/manifest.json",
+                 "checkpoints/ckpt-00000001.keras", "history.jsonl", "model.keras", "translator.json"):
+        assert name in hit, (name, hit)
+    for record in killed:
+        run_dir = tmp_path / str(record["write"])
+        assert sorted(os.listdir(run_dir / "checkpoints")) == ["ckpt-00000001.keras", "ckpt-00000002.keras"]
+        left = [name for _, _, names in os.walk(run_dir) for name in names if name.startswith((".partial-", ".write-check"))]
+        assert not left, (record, left)
+        assert [json.loads(line)["step"] for line in (run_dir / "history.jsonl").read_text().splitlines()] == [1, 2]
+        assert len(kt.Translator.load(run_dir).translate(["abc de"])) == 1
 
 
 def test_resume_knows_its_run_by_its_folder_and_never_goes_back(files, tmp_path, monkeypatch):

@@ -36,7 +36,9 @@ def check_writable(directory):
     so that a run finds out before its first interval of training."""
     try:
         os.makedirs(directory, exist_ok=True)
-        probe = os.path.join(directory, f".write-check-{os.getpid()}")
+        # One fixed name: a kill between these lines leaves one small file,
+        # which the next check overwrites and removes.
+        probe = os.path.join(directory, ".write-check")
         with open(probe, "w") as file:
             file.write("ok")
         os.remove(probe)

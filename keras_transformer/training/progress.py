@@ -97,7 +97,7 @@ class ValidationBLEU(keras.callbacks.Callback):
     `keras_transformer.training.fit`), translates `sources` greedily with the
     model being trained, scores them against `references` with sacreBLEU,
     adds `val_bleu` to the epoch's logs (so the TensorBoard callback, which
-    comes after it, records it), and appends a JSON line with the step, the
+    comes after it, records it), and writes a JSON line with the step, the
     wall-clock time, the losses and the BLEU to `history_path`.
 
     Args:
@@ -153,12 +153,12 @@ class ValidationBLEU(keras.callbacks.Callback):
         # The next interval's clock leaves the validation time out.
         self._start += record.get("bleu_seconds", 0.0)
         if self.history_path:
-            # Rewritten whole: an append that a kill cut short would join
-            # the next record's line.
-            written = open(self.history_path).read() if os.path.isfile(self.history_path) else ""
-            if written and not written.endswith("\n"):
-                written = written[: written.rfind("\n") + 1]
-            write_atomically(self.history_path, written + json.dumps(record) + "\n")
+            # Rewritten whole, atomically, and before the step's checkpoint
+            # (`fit` writes that last): an interval a kill made the run redo
+            # replaces its record.
+            earlier = read_history(self.history_path) if os.path.isfile(self.history_path) else []
+            lines = [json.dumps(r) + "\n" for r in earlier if r["step"] < step]
+            write_atomically(self.history_path, "".join(lines) + json.dumps(record) + "\n")
         shown = [f"checkpoint at step {step}"]
         if "val_loss" in record:
             shown.append(f"valid loss {record['val_loss']:.3f}")

@@ -21,7 +21,6 @@ import dataclasses
 import json
 import math
 import os
-import tempfile
 import time
 
 import keras
@@ -44,6 +43,7 @@ from keras_transformer.models.presets import PRESETS
 from keras_transformer.models.transformer import build_transformer
 from keras_transformer.models.transformer import check_attention_and_positions
 from keras_transformer.training.checkpoints import average_checkpoints
+from keras_transformer.training.checkpoints import check_writable
 from keras_transformer.training.checkpoints import checkpoint_step
 from keras_transformer.training.checkpoints import list_checkpoints
 from keras_transformer.training.distribution import Distribution
@@ -404,12 +404,7 @@ def prepare_model_dir(config, resume=False):
             f"{os.path.basename(checkpoints[-1])}). Pass --resume to continue it, or "
             "choose another --model-dir."
         )
-    try:
-        os.makedirs(os.path.join(model_dir, "checkpoints"), exist_ok=True)
-        probe = tempfile.NamedTemporaryFile(dir=os.path.join(model_dir, "checkpoints"))
-        probe.close()
-    except OSError as error:
-        raise ValueError(f"Cannot write checkpoints into {model_dir}: {error}") from None
+    check_writable(os.path.join(model_dir, "checkpoints"))
     config.save()
     return checkpoints
 

@@ -138,7 +138,8 @@ def fit(
         checkpoint_every: the checkpoint (and validation) interval, in steps.
         keep_checkpoints: how many checkpoints to keep, for averaging.
         validation_data: batches for the validation loss, or None.
-        callbacks: more Keras callbacks.
+        callbacks: more Keras callbacks. At an interval's end they run
+            before its checkpoint is written.
         verbose: the Keras progress-bar setting.
 
     Returns:
@@ -155,10 +156,13 @@ def fit(
     done = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
     if done >= train_steps:
         return model
+    # The checkpoint comes last at an interval's end: what the other
+    # callbacks record for a step (the history) is on disk before the
+    # checkpoint that a resume starts from, and a resume redoes it.
     callbacks = [
-        SaveCheckpoints(checkpoint_dir, keep=keep_checkpoints),
         StopOnNonFiniteLoss(),
         *callbacks,
+        SaveCheckpoints(checkpoint_dir, keep=keep_checkpoints),
     ]
     # Keras writes TensorBoard logs through TensorFlow, which is optional.
     if tensorflow_beside_backend() is not None:
