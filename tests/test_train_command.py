@@ -285,7 +285,7 @@ def test_a_run_killed_at_each_of_its_file_writes_in_turn_resumes_to_its_end(file
     command with --resume must finish it. A kill at the first two writes
     used to leave a folder that --resume refused for want of a
     configuration."""
-    arguments = train_arguments(files, "RUN", "--train-steps", 2, "--checkpoint-every", 1, "--average", 2,
+    arguments = train_arguments(files, "RUN", "--train-steps", 1, "--checkpoint-every", 1, "--average", 1,
                                 "--valid-bleu-sentences", 0)
     result = subprocess.run(
         [sys.executable, os.path.join(ROOT, "tests", "train_killed_at_writes.py"), str(tmp_path), "40", *arguments],
@@ -304,10 +304,10 @@ def test_a_run_killed_at_each_of_its_file_writes_in_turn_resumes_to_its_end(file
         assert name in hit, (name, hit)
     for record in killed:
         run_dir = tmp_path / str(record["write"])
-        assert sorted(os.listdir(run_dir / "checkpoints")) == ["ckpt-00000001.keras", "ckpt-00000002.keras"]
+        assert sorted(os.listdir(run_dir / "checkpoints")) == ["ckpt-00000001.keras"]
         left = [name for _, _, names in os.walk(run_dir) for name in names if name.startswith((".partial-", ".write-check"))]
         assert not left, (record, left)
-        assert [json.loads(line)["step"] for line in (run_dir / "history.jsonl").read_text().splitlines()] == [1, 2]
+        assert [json.loads(line)["step"] for line in (run_dir / "history.jsonl").read_text().splitlines()] == [1]
         assert len(kt.Translator.load(run_dir).translate(["abc de"])) == 1
 
 

@@ -9,6 +9,12 @@ from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.utils import clone_initializer
 from keras_transformer.torch_shapes import reshape
 
+# Under JAX, Keras tries cuDNN's fused attention on a GPU first, which takes
+# neither this layer's [B, 1, 1, S] padding masks nor most bucket lengths,
+# and logs each refusal with a traceback before using XLA's. XLA's it is,
+# from the start. Elsewhere Keras chooses.
+FLASH_ATTENTION = False if keras.backend.backend() == "jax" else None
+
 
 class _ConcatenatedHeadsDense(keras.layers.EinsumDense):
     """W^O on the concatenated heads: `[T, N, H]` -> `[T, d_model]`.
@@ -315,6 +321,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 value_heads,
                 mask=None if mask is None else mask[:, None],  # [B, 1, T, S]
                 scale=self._inverse_sqrt_key_dim,
+                flash_attention=FLASH_ATTENTION,
             )
         if mask is not None:
             # A query that may attend to no key (a padded query) attends to
