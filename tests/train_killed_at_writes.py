@@ -23,8 +23,10 @@ import sys
 import traceback
 
 from keras_transformer.cli import main
+from keras_transformer.files import PARTIAL_PREFIX
 
-PARTIAL = re.compile(r"\.partial-(.+)\.[^.]+\.[^.]+$")  # atomic_path's temporary names
+# atomic_path's temporary names: PARTIAL_PREFIX + name + "." + random + suffix.
+PARTIAL = re.compile(re.escape(PARTIAL_PREFIX) + r"(.+)\.[^.]+\.[^.]+$")
 
 
 def kill_at_write(folder, count, hit):
