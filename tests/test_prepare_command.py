@@ -1,4 +1,4 @@
-"""`keras-transformer prepare`, then `train --train-data`: the README's
+"""`keras-transformer prepare`, then `train --train-data`: docs/data.md's
 "prepare once" commands on toy files; bad input as one `error:` line."""
 
 import json

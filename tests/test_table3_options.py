@@ -207,11 +207,11 @@ def test_a_head_size_frees_d_model_from_dividing_by_the_heads(batch):
     assert tuple(model(batch).shape) == (3, 8, V)
 
 
-def test_the_readme_example_prints_what_it_shows(capsys):
+def test_the_guide_example_prints_what_it_shows(capsys):
     import pathlib
     import re
 
-    readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    readme = (pathlib.Path(__file__).parents[1] / "docs" / "guide.md").read_text(encoding="utf-8")
     block = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "attention_window=10" in b)
     shown = [line[2:] for line in block.splitlines() if line.startswith("# ")]
     exec(block, {})
