@@ -203,6 +203,7 @@ def _add_train_arguments(parser):
     optimization = parser.add_argument_group("training")
     optimization.add_argument("--tokens-per-batch", type=int, help=f"padded tokens per side per batch (default {defaults.tokens_per_batch})")
     optimization.add_argument("--bucket-step", type=float, help=f"each batch length about this factor above the last; 1.5 compiles fewer shapes on a GPU (default {defaults.bucket_step})")
+    optimization.add_argument("--buckets", type=int, help="at most N batch lengths, fitted to the corpus for the least padding (replaces --bucket-step; 8 suits a GPU)")
     optimization.add_argument("--train-steps", type=int, help=f"optimizer steps (default {defaults.train_steps})")
     optimization.add_argument("--warmup-steps", type=int, help=f"learning-rate warmup (default {defaults.warmup_steps})")
     optimization.add_argument("--learning-rate-scale", type=float, help="constant factor on the schedule (default 1)")

@@ -1,3 +1,4 @@
+import itertools
 import os
 import signal
 import subprocess
@@ -11,6 +12,7 @@ from keras_transformer.checks import check_ids_on_host
 from keras_transformer.data import SubwordTokenizer
 from keras_transformer.data import TokenBatches
 from keras_transformer.data import builtin_corpus
+from keras_transformer.data.batches import fitted_bucket_lengths
 from keras_transformer.data.prepared import tokenize_pairs
 from keras_transformer.training.checkpoints import checkpoint_step
 from keras_transformer.training.checkpoints import list_checkpoints
@@ -45,6 +47,55 @@ def test_batch_k_is_the_same_for_every_instance_and_every_start(pairs):
     assert all((labels != 0).any(1).all() for _, labels in (batches[k] for k in range(per_epoch)))
     once = TokenBatches(pairs, 512, seed=3)  # one epoch: each pair once, then padding
     assert sorted(i for k in range(len(once)) for i in once.pair_indices(k)[0]) == list(range(len(pairs)))
+
+
+def padded_tokens(histogram, lengths):
+    """Padded tokens per row summed over pairs, each in its shortest bucket."""
+    present = np.flatnonzero(histogram)
+    return int((histogram[present] * np.asarray(lengths)[np.searchsorted(lengths, present)]).sum())
+
+
+def test_fitted_bucket_lengths_pad_least_of_all_choices():
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        histogram = np.zeros(13, np.int64)
+        present = rng.choice(np.arange(1, 13), size=rng.integers(1, 9), replace=False)
+        histogram[present] = rng.integers(1, 50, len(present))
+        count = int(rng.integers(1, 5))
+        lengths = fitted_bucket_lengths(histogram, count)
+        longest = int(present.max())
+        assert len(lengths) <= count and lengths == sorted(set(lengths)) and lengths[-1] == longest
+        # Every choice of at most `count` lengths that covers the longest pair.
+        best = min(
+            padded_tokens(histogram, sorted(chosen) + [longest])
+            for k in range(count)
+            for chosen in itertools.combinations(range(1, longest), k)
+        )
+        assert padded_tokens(histogram, lengths) == best
+    with pytest.raises(ValueError, match="empty histogram"):
+        fitted_bucket_lengths(np.zeros(5, np.int64), 3)
+
+
+def test_fitted_buckets_pad_less_than_as_many_geometric_ones(pairs):
+    geometric = TokenBatches(pairs, 512, max_length=64, bucket_step=1.5, seed=0)
+    fitted = TokenBatches(pairs, 512, max_length=64, buckets=len(geometric.lengths), seed=0)
+    assert len(fitted.lengths) <= len(geometric.lengths)
+
+    def real_fraction(batches):
+        real = padded = 0
+        for k in range(len(batches)):
+            ids, _ = batches[k]
+            real += int((ids["source_ids"] != 0).sum())
+            padded += ids["source_ids"].size
+        return real / padded
+
+    assert real_fraction(fitted) > real_fraction(geometric)
+    for k in range(len(fitted)):  # each pair in the shortest bucket that holds it
+        members, bucket = fitted.pair_indices(k)
+        lengths = pairs.pair_lengths().astype(int)[members]
+        assert lengths.max() <= fitted.lengths[bucket] and (bucket == 0 or lengths.min() > fitted.lengths[bucket - 1])
+    with pytest.raises(ValueError, match=r"`buckets` must be an integer from 1 to 64, or None. Received: buckets=0"):
+        TokenBatches(pairs, 512, buckets=0)
 
 
 def test_shards_of_a_batch_make_up_the_batch(pairs):

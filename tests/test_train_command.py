@@ -116,12 +116,13 @@ def test_train_writes_a_translator_directory_the_other_commands_take(files, tmp_
 
     # The saved configuration repeats the run, with options overriding it.
     repeated = cli("train", "--config", model_dir / "train_config.json", "--model-dir", tmp_path / "again",
-                   "--train-steps", 2, "--checkpoint-every", 2, "--bucket-step", 1.5)
+                   "--train-steps", 2, "--checkpoint-every", 2, "--buckets", 2)
     assert repeated.returncode == 0, repeated.stderr[-3000:]
-    assert "batches: 3 lengths from 8 to 16 tokens (bucket_step 1.5)" in repeated.stdout
+    fitted = re.search(r"batches: ([12]) lengths? from (\d+) to (\d+) tokens \(fitted, buckets 2\)", repeated.stdout)
+    assert fitted and int(fitted[2]) <= int(fitted[3]) <= 16, re.findall("batches.*", repeated.stdout)
     again = TrainingConfig.load(tmp_path / "again")
     assert again.to_dict() == config.to_dict() | {
-        "model_dir": str(tmp_path / "again"), "train_steps": 2, "checkpoint_every": 2, "bucket_step": 1.5
+        "model_dir": str(tmp_path / "again"), "train_steps": 2, "checkpoint_every": 2, "buckets": 2
     }
 
 
@@ -200,6 +201,8 @@ def cli_error(*args):
         (["--alpha", "inf"], "alpha must be a number in [0, inf); received inf"),
         (["--learning-rate-scale", "-1"], "learning_rate_scale must be a number in (0, inf); received -1.0"),
         (["--bucket-step", "0.9"], "bucket_step must be a number in [1, 4]; received 0.9"),
+        (["--buckets", "0"], "buckets must be an integer >= 1; received 0"),
+        (["--buckets", "65"], "buckets must be at most 64; received 65"),
         (["--preset", "huge"], "preset must be one of"),
         (["--num-heads", "3"], "d_model (64) must be divisible by num_heads (3)"),
         (["--attention-window", "-1"], "model.attention_window must be an integer >= 0; received -1"),

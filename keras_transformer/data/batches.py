@@ -41,6 +41,42 @@ def bucket_lengths(max_length, min_length=8, step=1.1):
     return lengths + [max_length]
 
 
+def fitted_bucket_lengths(histogram, count):
+    """At most `count` padded lengths that pad the pairs of `histogram` least.
+
+    A pair of length l goes to the shortest bucket length >= l, so its
+    batch costs that length in padded tokens per row; the sum over all pairs
+    is minimised by dynamic programming over the lengths that occur.
+
+    Args:
+        histogram: `histogram[l]` pairs have length l.
+        count: how many lengths at most (compiled shapes, under XLA).
+
+    Returns:
+        Increasing lengths, the last the longest that occurs.
+    """
+    values = np.flatnonzero(histogram)
+    if not len(values):
+        raise ValueError("Cannot fit bucket lengths to an empty histogram.")
+    pairs_up_to = np.concatenate([[0], np.cumsum(np.asarray(histogram)[values], dtype=np.float64)])
+    n, count = len(values), min(count, len(values))
+    # cost[b, j]: the least padded tokens of the pairs of the first j lengths
+    # in b buckets, the last ending at values[j - 1].
+    cost = np.full((count + 1, n + 1), np.inf)
+    cost[0, 0] = 0.0
+    split = np.zeros((count + 1, n + 1), np.int64)
+    for b in range(1, count + 1):
+        for j in range(b, n + 1):
+            totals = cost[b - 1, :j] + values[j - 1] * (pairs_up_to[j] - pairs_up_to[:j])
+            split[b, j] = np.argmin(totals)
+            cost[b, j] = totals[split[b, j]]
+    b, j, lengths = int(np.argmin(cost[:, n])), n, []
+    while j:
+        lengths.append(int(values[j - 1]))
+        j, b = int(split[b, j]), b - 1
+    return lengths[::-1]
+
+
 class TokenBatches(keras.utils.PyDataset):
     """Batches of `TokenizedPairs` sized by token count, for `model.fit`.
 
@@ -68,6 +104,10 @@ class TokenBatches(keras.utils.PyDataset):
             such as the number of data-parallel replicas.
         bucket_step: each bucket length is about this factor longer than
             the one before; coarser steps give fewer shapes, more padding.
+        buckets: at most this many bucket lengths, placed where the pairs'
+            lengths are so that padding is least (`fitted_bucket_lengths`);
+            replaces `bucket_step`'s lengths. Few shapes for XLA at little
+            padding.
         shard: `(index, count)`: this process's share of each batch's rows,
             for `count` processes training on the same batches.
         **kwargs: `keras.utils.PyDataset`'s `workers`,
@@ -87,6 +127,7 @@ class TokenBatches(keras.utils.PyDataset):
         seed=None,
         batch_multiple=1,
         bucket_step=1.1,
+        buckets=None,
         shard=(0, 1),
         **kwargs,
     ):
@@ -110,6 +151,10 @@ class TokenBatches(keras.utils.PyDataset):
             raise ValueError(
                 f"`bucket_step` must be a number from 1 to 4. Received: bucket_step={bucket_step!r}"
             )
+        if buckets is not None and (
+            isinstance(buckets, bool) or not isinstance(buckets, numbers.Integral) or not 1 <= buckets <= 64
+        ):
+            raise ValueError(f"`buckets` must be an integer from 1 to 64, or None. Received: buckets={buckets!r}")
         index, count = shard
         if not (0 <= index < count) or batch_multiple % count:
             raise ValueError(
@@ -124,7 +169,13 @@ class TokenBatches(keras.utils.PyDataset):
         self.seed = int(np.random.randint(2**31)) if seed is None else int(seed)
         self.shard = (index, count)
         self.vocabulary_size = pairs.vocabulary_size
-        self.lengths = np.array(bucket_lengths(max_length, step=bucket_step), np.int64)
+        if buckets is None:
+            self.lengths = np.array(bucket_lengths(max_length, step=bucket_step), np.int64)
+        else:
+            histogram = _length_histogram(pairs, max_length)
+            if not histogram.any():  # all too long: `_buckets` says so below
+                histogram[max_length] = 1
+            self.lengths = np.array(fitted_bucket_lengths(histogram, buckets), np.int64)
         self.batch_sizes = np.array(
             [max(batch_multiple, tokens_per_batch // n // batch_multiple * batch_multiple) for n in self.lengths]
         )
@@ -274,6 +325,15 @@ class TokenBatches(keras.utils.PyDataset):
         options = tf.data.Options()
         options.autotune.enabled = False
         return dataset.prefetch(2).with_options(options)
+
+
+def _length_histogram(pairs, max_length, chunk=1 << 22):
+    """int64 `[max_length + 1]`: how many pairs have each length up to
+    `max_length`."""
+    histogram = np.zeros(2**16 + 1, np.int64)
+    for start in range(0, len(pairs), chunk):
+        histogram += np.bincount(pairs.pair_lengths(start, start + chunk), minlength=len(histogram))
+    return histogram[: max_length + 1]
 
 
 def _buckets(pairs, lengths, chunk=1 << 22):

@@ -19,6 +19,7 @@ def make_dataset(
     seed=None,
     batch_multiple=1,
     bucket_step=1.1,
+    buckets=None,
 ):
     """Batches of sentence pairs sized by token count, for `model.fit`.
 
@@ -43,6 +44,8 @@ def make_dataset(
         bucket_step: each bucket length is about this factor longer than
             the one before (8, 9, ..., 20, 22, 24, ... at 1.1). Coarser
             steps, such as 1.3, give fewer shapes and more padding.
+        buckets: at most this many bucket lengths, fitted to the corpus's
+            lengths for the least padding; replaces `bucket_step`.
 
     Returns:
         A `TokenBatches` (a `keras.utils.PyDataset`) of
@@ -60,6 +63,7 @@ def make_dataset(
         seed=seed,
         batch_multiple=batch_multiple,
         bucket_step=bucket_step,
+        buckets=buckets,
     )
 
 

@@ -107,6 +107,10 @@ class TrainingConfig:
             one before: 1.1 gives 35 lengths up to 128 tokens and little
             padding; 1.5 gives 8, for accelerators where each new shape
             costs a compilation (XLA on a GPU).
+        buckets: at most this many batch lengths, fitted to the training
+            pairs' lengths for the least padding (8 pad Multi30k by 7%,
+            where `bucket_step` 1.5's 8 lengths pad it by 16%); replaces
+            `bucket_step` when set.
         max_tokens: pairs with a side longer than this many subword tokens
             (EOS included) are left out of training; longer inputs are cut
             when translating.
@@ -138,6 +142,7 @@ class TrainingConfig:
     dtype: str = "float32"
     tokens_per_batch: int = 4096
     bucket_step: float = 1.1
+    buckets: int = None
     max_tokens: int = 128
     warmup_steps: int = 4000
     learning_rate_scale: float = 1.0
@@ -214,6 +219,10 @@ class TrainingConfig:
             whole("valid_bleu_sentences", 0)
         if self.valid_pairs is not None:
             whole("valid_pairs")
+        if self.buckets is not None:
+            whole("buckets")
+            if isinstance(self.buckets, int) and self.buckets > 64:
+                problems.append(f"buckets must be at most 64; received {self.buckets}")
         number("learning_rate_scale", 0, math.inf, self.learning_rate_scale, low_open=True)
         number("label_smoothing", 0, 1, self.label_smoothing)
         number("bucket_step", 1, 4, self.bucket_step, high_open=False)
@@ -453,14 +462,16 @@ def train_translator(config, resume=False, log=print, verbose=0):
     log(f"{distribution}")
     train_data = TokenBatches(
         train, config.tokens_per_batch, max_length=config.max_tokens,
-        bucket_step=config.bucket_step, repeat=True, seed=config.seed, batch_multiple=distribution.num_replicas,
+        bucket_step=config.bucket_step, buckets=config.buckets, repeat=True, seed=config.seed,
+        batch_multiple=distribution.num_replicas,
         shard=distribution.data_shard,
     )
     lengths = train_data.lengths
-    log(f"batches: {len(lengths)} lengths from {lengths[0]} to {lengths[-1]} tokens (bucket_step {config.bucket_step})")
+    how = f"bucket_step {config.bucket_step}" if config.buckets is None else f"fitted, buckets {config.buckets}"
+    log(f"batches: {len(lengths)} length{'s' * (len(lengths) > 1)} from {lengths[0]} to {lengths[-1]} tokens ({how})")
     valid_data = make_dataset(
         valid, tokenizer, config.tokens_per_batch, max_length=config.max_tokens,
-        bucket_step=config.bucket_step, shuffle=False,
+        bucket_step=config.bucket_step, buckets=config.buckets, shuffle=False,
     )
     architecture = config.architecture() | {"vocabulary_size": tokenizer.vocabulary_size}
     with distribution.scope():
@@ -506,7 +517,7 @@ def train_translator(config, resume=False, log=print, verbose=0):
     )
     translator.save(config.model_dir)
     log(
-        f"saved the translator (the average of {len(kept)} checkpoints: "
+        f"saved the translator (the average of {len(kept)} checkpoint{'s' * (len(kept) > 1)}: "
         + ", ".join(os.path.basename(path) for path in kept)
         + f") in {config.model_dir} after {format_duration(time.time() - started)}"
     )
