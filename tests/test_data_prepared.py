@@ -142,6 +142,30 @@ def test_a_large_set_is_read_without_mapping_it_whole(corpus, tokenizer, tmp_pat
     assert mapped_kilobytes(tmp_path / "prepared") == 0
 
 
+def test_a_set_that_fits_in_memory_is_read_ahead_in_file_order(corpus, tokenizer, tmp_path, monkeypatch):
+    """Random batches from a cold disk wait for a seek a sentence; reading the
+    ids through once, in order, puts them in the page cache first."""
+    with monkeypatch.context() as patch:
+        patch.setattr(prepared, "_available_memory", lambda: 0)  # no reading ahead while loading
+        source, target = write(tmp_path / "x.en", corpus.sources), write(tmp_path / "x.de", corpus.targets)
+        pairs = prepare_dataset(source, target, tokenizer, tmp_path / "prepared")
+    reads, preadv = [], os.preadv
+
+    def recorded(fd, buffers, offset):
+        reads.append((os.readlink(f"/proc/self/fd/{fd}"), offset))
+        return preadv(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", recorded)
+    pairs.read_ahead(chunk=64).join()
+    for side in ("source", "target"):
+        path = os.path.realpath(tmp_path / "prepared" / f"{side}.ids")
+        expected = list(range(0, os.path.getsize(path), 64))
+        assert [offset for name, offset in reads if name == path] == expected and expected
+    assert {os.path.basename(name) for name, _ in reads} == {"source.ids", "target.ids"}
+    monkeypatch.setattr(prepared, "_available_memory", lambda: 2 * (len(pairs.source_ids) + len(pairs.target_ids)))
+    assert pairs.read_ahead() is None  # more than half of what is free: left to the disk
+
+
 def test_a_large_set_whose_lengths_disagree_with_its_offsets_is_an_error(corpus, tokenizer, tmp_path, monkeypatch):
     """A large set finds a sentence from its lengths: lengths that no longer
     add up to the offsets (a damaged file of the right size) are an error,

@@ -146,11 +146,48 @@ class TokenizedPairs:
     def _read_by_pread(self):
         return bool(self.files) and sum(map(len, self.mappings)) > MAPPED_WHOLE_BYTES
 
+    def read_ahead(self, chunk=8 << 20):
+        """Reads the ids files once through, in file order, in a background
+        thread, when they fit in half the memory available: they are then
+        in the operating system's page cache. A batch's sentences read at
+        random from a cold disk arrive one seek at a time (about 15,000
+        target tokens/s on this project's machine), from the page cache at
+        millions. (`posix_fadvise`'s WILLNEED read nothing here.)
+        """
+        names = [f"{side}.ids" for side in SIDES if f"{side}.ids" in self.files]
+        sizes = [os.fstat(self.files[name]).st_size for name in names]
+        if not names or sum(sizes) > _available_memory() // 2:
+            return None
+
+        def read():
+            buffer = bytearray(chunk)
+            for name, size in zip(names, sizes):
+                for start in range(0, size, chunk):
+                    try:
+                        os.preadv(self.files[name], [buffer], start)
+                    except OSError:  # closed meanwhile: nothing left to read
+                        return
+
+        thread = threading.Thread(target=read, name="read-ahead", daemon=True)
+        thread.start()
+        return thread
+
     def release_pages(self):
         """Unmaps the pages of the files read so far (they stay in the page
         cache), after a pass over the lengths."""
         for mapping in self.mappings:
             mapping.madvise(mmap.MADV_DONTNEED)
+
+
+def _available_memory():
+    """Bytes of memory available without swapping (Linux's MemAvailable),
+    or 0 where the system does not say."""
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/meminfo") as file:
+            for line in file:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    return 0
 
 
 def id_dtype(vocabulary_size):
@@ -399,6 +436,8 @@ def load_prepared(directory, tokenizer=None):
             files[f"{side}.{part}"] = os.open(path, os.O_RDONLY)
             mappings.append(mmap.mmap(files[f"{side}.{part}"], 0, access=mmap.ACCESS_READ))
             arrays[f"{side}_{part}"] = np.frombuffer(mappings[-1], dtypes[part])
-    return TokenizedPairs(
+    prepared = TokenizedPairs(
         **arrays, vocabulary_size=manifest["vocabulary_size"], manifest=manifest, mappings=mappings, files=files
     )
+    prepared.read_ahead()
+    return prepared
