@@ -1,27 +1,30 @@
 """What one request can cost a server of the exported SavedModel.
 
-    python benchmarks/serving_bounds.py --model-dir runs/quickstart
-    python benchmarks/serving_bounds.py --model-dir runs/quickstart --random-weights
+    python benchmarks/serving_bounds.py --model-dir runs/multi30k_en_de
+    python benchmarks/serving_bounds.py --model-dir runs/multi30k_en_de --presets tiny small base
 
-Exports the translator with the default bounds (`max_request_tokens` 8,192
-source tokens per request; each text cut to `max_source_bytes` before it is
-tokenized), then serves each request below from a fresh process that has
-loaded the SavedModel and answered one short warm-up request, as a server
-would be, and reports its latency and how much the process's peak memory
-(its resident set, sampled every 5 ms) grew:
+Exports a translator with the default bounds (a request may cost
+`request_budget`: what 32 texts of `max_source_length` tokens cost, counted
+as texts x (longest + `max_extra_length`); each text cut to
+`max_source_bytes` before it is tokenized), then serves each request below
+from a fresh process that has loaded the SavedModel and answered one short
+warm-up request, as a server would be, and reports its latency and how much
+the process's peak memory (its resident set, sampled every 5 ms) grew:
 
-- `worst allowed`: as many rows of `max_source_length` tokens as the budget
-  takes (32 rows of 256 tokens by default), random words of the built-in
-  corpus, so every row is cut at the limit;
+- `full rows`: as many rows of `max_source_length` tokens as the budget
+  takes (32), random words of the built-in corpus: the documented worst;
+- `short rows`: as many one-token texts as the budget takes;
+- `quarter rows`: as many texts of a quarter of `max_source_length` as the
+  budget takes;
+- `one full, rest short`: one full row and 31 one-token texts;
 - `10 MB string`: one text of 10 MB, cut before tokenizing;
-- `over budget`: the request the issue measured before there were bounds
-  (256 texts of about 1.3 KB), refused now with INVALID_ARGUMENT; and the
-  same request served by a second export whose budget admits it, which is
-  what it cost before.
+- `4,096 one-token texts`: refused now with INVALID_ARGUMENT.
 
-`--random-weights` swaps in random weights of the same model: they seldom
-emit EOS, so every row decodes to its limit (source length +
-`max_extra_length` tokens), the worst case for the search. A trained model
+The last column is each request's latency and memory over the full rows'.
+With `--presets`, each preset's model is built with random weights on the
+model directory's vocabulary: random weights seldom emit EOS, so every row
+decodes to its limit (length + `max_extra_length` tokens), the worst case
+for the search. Without it, the trained model in `--model-dir` is served; it
 stops at its translations' ends.
 """
 
@@ -33,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 
-SCENARIOS = ("warm-up only", "worst allowed", "10 MB string", "over budget", "over budget, admitted")
+SCENARIOS = ("full rows", "short rows", "quarter rows", "one full, rest short", "10 MB string", "4,096 one-token texts")
 
 
 def resident_mib():
@@ -78,66 +81,88 @@ def serve(saved_model, scenario, texts_file):
                       "rss_peak_mib": max(peak, resident_mib()), "result": result}))
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model-dir", default="runs/quickstart")
-    parser.add_argument("--random-weights", action="store_true")
-    args = parser.parse_args()
-
+def requests_for(translator, budget):
+    """The requests, by scenario, for `translator` and a budget of `budget`."""
     import numpy as np
 
-    import keras_transformer as kt
     from keras_transformer.data import builtin_corpus
-    from keras_transformer.export import export_saved_model
-    from keras_transformer.export.saved_model import DEFAULT_MAX_REQUEST_TOKENS
-    from keras_transformer.export.saved_model import max_source_bytes
 
-    translator = kt.Translator.load(args.model_dir)
-    if args.random_weights:
-        model = kt.Transformer.from_config(translator.model.get_config())
-        translator = kt.Translator(model, translator.tokenizer, **translator.get_config())
-    length = translator.max_source_length
+    length, extra = translator.max_source_length, translator.max_extra_length
     rng = np.random.default_rng(0)
     words = sorted({w for source, _ in builtin_corpus("train", size=2000) for w in source.split()})
+    one_token = next(w for w in words if len(translator.tokenizer.tokenize(w)) == 1)
 
-    def text_of_at_least(tokens):
+    def text_of(tokens):
+        """Random words cut to exactly `tokens` subword tokens (without EOS)."""
         text = ""
         while len(translator.tokenizer.tokenize(text)) < tokens:
             text += " ".join(rng.choice(words, 64)) + " "
-        return text.strip()
+        return translator.tokenizer.detokenize(translator.tokenizer.tokenize(text)[:tokens])
 
-    full_row = text_of_at_least(length)
-    requests = {
+    full_row, quarter = text_of(length), text_of(length // 4 - 1)
+    rows = budget // (length + extra)
+    return {
         "warm-up only": ["the dog ."],
-        "worst allowed": [full_row] * (DEFAULT_MAX_REQUEST_TOKENS // length),
+        "full rows": [full_row] * rows,
+        "short rows": [one_token] * (budget // (2 + extra)),
+        "quarter rows": [quarter] * (budget // (length // 4 + extra)),
+        "one full, rest short": [full_row] + [one_token] * (rows - 1),
         "10 MB string": [(full_row + " ") * (10 * 2**20 // (len(full_row) + 1))],
-        "over budget": [full_row[:1400]] * 256,
+        "4,096 one-token texts": [one_token] * 4096,
     }
-    requests["over budget, admitted"] = requests["over budget"]
+
+
+def measure(translator, label, work):
+    """Exports `translator` and serves each scenario from a fresh process;
+    prints a table row each."""
+    from keras_transformer.export import export_saved_model
+    from keras_transformer.export.saved_model import max_source_bytes
+    from keras_transformer.export.saved_model import request_budget
+
+    budget = request_budget(translator)
+    requests = requests_for(translator, budget)
+    folder = os.path.join(work, re.sub(r"\W+", "_", label))
+    saved_model = export_saved_model(translator, os.path.join(folder, "1"))
+    texts_file = os.path.join(folder, "texts.json")
+    with open(texts_file, "w") as file:
+        json.dump(requests, file)
+    print(f"\n{label}: beam {translator.beam_size}, max_source_length {translator.max_source_length}, "
+          f"max_extra_length {translator.max_extra_length}, max_request_tokens {budget}, "
+          f"max_source_bytes {max_source_bytes(translator)}")
+    print("| request | texts x bytes | latency (s) | resident after warm-up (MiB) "
+          "| peak growth (MiB) | result | latency / memory over full rows |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    worst = None
+    for scenario in SCENARIOS:
+        texts = requests[scenario]
+        output = subprocess.run(
+            [sys.executable, __file__, "--serve", saved_model, scenario, texts_file],
+            capture_output=True, text=True, check=True,
+            env={**os.environ, "KERAS_BACKEND": "tensorflow"},
+        ).stdout.strip().splitlines()[-1]
+        measured = json.loads(output)
+        growth = measured["rss_peak_mib"] - measured["rss_before_mib"]
+        worst = worst or (measured["seconds"], growth)
+        print(f"| {scenario} | {len(texts):,} x {len(texts[0].encode()):,} | {measured['seconds']:.2f} "
+              f"| {measured['rss_before_mib']:.0f} | {growth:.0f} | {measured['result']} "
+              f"| {measured['seconds'] / worst[0]:.2f} / {growth / max(worst[1], 1):.2f} |", flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-dir", default="runs/multi30k_en_de", help="a trained translator (its vocabulary)")
+    parser.add_argument("--presets", nargs="*", help="also these presets with random weights")
+    args = parser.parse_args()
+
+    import keras_transformer as kt
+
+    trained = kt.Translator.load(args.model_dir)
     with tempfile.TemporaryDirectory() as work:
-        saved_model = export_saved_model(translator, os.path.join(work, "1"))
-        admitting = export_saved_model(translator, os.path.join(work, "2"), 256 * length)
-        texts_file = os.path.join(work, "texts.json")
-        with open(texts_file, "w") as file:
-            json.dump(requests, file)
-        print(f"model: {args.model_dir}{' (random weights)' if args.random_weights else ''}, "
-              f"beam {translator.beam_size}, max_source_length {length}, "
-              f"max_extra_length {translator.max_extra_length}, max_request_tokens "
-              f"{DEFAULT_MAX_REQUEST_TOKENS}, max_source_bytes {max_source_bytes(translator)}")
-        print("| request | texts x bytes | latency (s) | resident after warm-up (MiB) | peak growth during the request (MiB) | result |")
-        print("| --- | --- | --- | --- | --- | --- |")
-        for scenario in SCENARIOS:
-            texts = requests[scenario]
-            output = subprocess.run(
-                [sys.executable, __file__, "--serve",
-                 admitting if scenario.endswith("admitted") else saved_model, scenario, texts_file],
-                capture_output=True, text=True, check=True,
-                env={**os.environ, "KERAS_BACKEND": "tensorflow"},
-            ).stdout.strip().splitlines()[-1]
-            measured = json.loads(output)
-            print(f"| {scenario} | {len(texts)} x {len(texts[0].encode()):,} | {measured['seconds']:.2f} "
-                  f"| {measured['rss_before_mib']:.0f} | {measured['rss_peak_mib'] - measured['rss_before_mib']:.0f} "
-                  f"| {measured['result']} |", flush=True)
+        measure(trained, f"trained: {args.model_dir}", work)
+        for preset in args.presets or []:
+            model = kt.build_transformer(preset, vocabulary_size=trained.tokenizer.vocabulary_size)
+            translator = kt.Translator(model, trained.tokenizer, beam_size=4, alpha=0.6)
+            measure(translator, f"{preset}, random weights", work)
 
 
 if __name__ == "__main__":

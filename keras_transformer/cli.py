@@ -147,12 +147,12 @@ def export(args):
         ) from None
     from keras_transformer.export import export_new_version
     from keras_transformer.export import export_saved_model
-    from keras_transformer.export.saved_model import DEFAULT_MAX_REQUEST_TOKENS
+    from keras_transformer.export.saved_model import request_budget
 
     translator = _load_translator(args)
     limit = args.max_request_tokens
     if limit is None:
-        limit = DEFAULT_MAX_REQUEST_TOKENS
+        limit = request_budget(translator)
     if args.output:
         path = export_saved_model(translator, args.output, limit)
     else:
@@ -162,7 +162,8 @@ def export(args):
         )
     print(
         f"Exported a SavedModel to {path} (beam {translator.beam_size}, alpha "
-        f"{translator.alpha}, at most {limit} source tokens per request)"
+        f"{translator.alpha}; a request may cost {limit} tokens: texts x (longest + "
+        f"{translator.max_extra_length}))"
     )
 
 
@@ -179,9 +180,10 @@ def _add_train_arguments(parser):
         ("valid-target", "validation target text"),
     ):
         files.add_argument(f"--{name}", nargs="+", metavar="FILE", help=help_text + "; several files are read in turn")
+    files.add_argument("--valid-fraction", type=float, help="instead of --valid-source/--valid-target: hold out this fraction of the training pairs (the same ones each time)")
     files.add_argument("--train-data", metavar="DIR", help="a dataset written by `prepare`, in place of --train-source and --train-target")
     files.add_argument("--model-dir", help="where checkpoints, logs and the trained translator go")
-    files.add_argument("--config", help="a train_config.json to repeat (other options override it)")
+    files.add_argument("--config", help="a JSON object of some or all training fields, such as a run's train_config.json (options override it)")
     files.add_argument("--resume", action="store_true", help="continue the run in --model-dir from its train_config.json")
     files.add_argument("--vocabulary", help="reuse the subword.model in this directory")
     files.add_argument("--vocabulary-size", type=int, help=f"pieces of a new shared vocabulary (default {defaults.vocabulary_size})")
@@ -210,6 +212,7 @@ def _add_train_arguments(parser):
     optimization.add_argument("--label-smoothing", type=float, help=f"eps_ls (default {defaults.label_smoothing})")
     optimization.add_argument("--checkpoint-every", type=int, help=f"steps between checkpoints (default {defaults.checkpoint_every})")
     optimization.add_argument("--average", type=int, help=f"last checkpoints averaged into the final model (default {defaults.average})")
+    optimization.add_argument("--keep-checkpoints", type=int, help="checkpoints kept on disk, at least --average (default: --average's)")
     optimization.add_argument("--valid-bleu-sentences", type=int, help=f"validation sentences translated at each checkpoint (default {defaults.valid_bleu_sentences})")
     optimization.add_argument("--jit-compile", choices=["auto", "true", "false"], help="XLA for the train step (default auto)")
     optimization.add_argument("--seed", type=int, help="seed of weights, dropout and data order (default 0)")
@@ -241,7 +244,7 @@ def training_config(args):
         raise ValueError("--resume needs --model-dir, the directory of the run to continue.")
     values = {}
     if args.config:
-        values = TrainingConfig.load(args.config).to_dict()
+        values = TrainingConfig.read_fields(args.config)
     elif args.resume:
         saved = os.path.isfile(os.path.join(args.model_dir, CONFIG_FILE))
         if saved or not (args.train_source or args.train_data):
@@ -256,17 +259,21 @@ def training_config(args):
     overrides = {name: getattr(args, name) for name in MODEL_FIELDS if getattr(args, name) is not None}
     if overrides:
         values["model"] = dict(values.get("model") or {}) | overrides
-    required = ["model_dir", "valid_source", "valid_target"]
+    required = ["model_dir"]
     if not values.get("train_data"):
-        required[1:1] = ["train_source", "train_target"]
+        required += ["train_source", "train_target"]
+    if values.get("valid_fraction") is None:
+        required += ["valid_source", "valid_target"]
     missing = [name for name in required if not values.get(name)]
     if missing:
         raise ValueError(
             "train needs " + ", ".join("--" + name.replace("_", "-") for name in missing)
             + " (or --config FILE, or --resume --model-dir DIR)."
         )
-    values.setdefault("train_source", [])
-    values.setdefault("train_target", [])
+    for name in ("train_source", "train_target", "valid_source", "valid_target"):
+        values.setdefault(name, [])
+    if args.config:  # its fields' types are checked here, naming the file
+        return TrainingConfig.from_dict(values, source=TrainingConfig.config_path(args.config))
     return TrainingConfig(**values)
 
 
@@ -309,6 +316,22 @@ def train(args):
         f"Export with:    keras-transformer export --model-dir {config.model_dir}"
         f"   # beam {translator.beam_size}, alpha {translator.alpha}"
     )
+
+
+def average(args):
+    from keras_transformer.files import atomic_path
+    from keras_transformer.training.checkpoints import average_checkpoints
+
+    for path in args.checkpoints:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"No such checkpoint: {path}.")
+    if not args.output.endswith(".keras"):
+        raise ValueError(f"--output must name a .keras file; received {args.output}.")
+    _check_writable(args.output)
+    model = average_checkpoints(args.checkpoints)
+    with atomic_path(args.output) as temporary:
+        model.save(temporary)
+    print(f"Averaged {len(args.checkpoints)} checkpoints into {args.output}")
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
@@ -358,6 +381,11 @@ def main(argv=None):
     command.add_argument("--seed", type=int, default=0, help="seed of the vocabulary's sample (default 0)")
     command.set_defaults(run=prepare)
 
+    command = add_command("average", help="average the weights of checkpoints into one model (section 6.1)")
+    command.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT", help=".keras checkpoints of one architecture")
+    command.add_argument("--output", required=True, help="the .keras file to write (a run's model.keras to translate with it)")
+    command.set_defaults(run=average)
+
     command = add_command("translate", help="translate lines of text")
     _add_search_arguments(command)
     command.add_argument("--input", help="a UTF-8 text file, one sentence per line (default: stdin)")
@@ -387,8 +415,8 @@ def main(argv=None):
     command.add_argument("--output", help="export to exactly this directory instead of a new version")
     command.add_argument(
         "--max-request-tokens", type=int,
-        help="the most source tokens one request may hold, each text counted up to "
-        "the translator's max_source_length (default: 8192)",
+        help="the most one request may cost: texts x (the longest text's tokens + "
+        "max_extra_length) (default: what 32 texts of max_source_length tokens cost)",
     )
     command.set_defaults(run=export)
 

@@ -25,6 +25,7 @@ from keras_transformer.data import builtin_corpus
 from keras_transformer.data import make_dataset
 from keras_transformer.export import export_new_version
 from keras_transformer.export import export_saved_model
+from keras_transformer.export.saved_model import request_budget
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SETTINGS = {"beam_size": 3, "alpha": 0.6, "max_extra_length": 6, "max_source_length": 24}
@@ -40,7 +41,7 @@ def translator(model, tokenizer):  # noqa: F811
 
 
 # Room for 8 full rows of max_source_length=24 tokens.
-MAX_REQUEST_TOKENS = 192
+MAX_REQUEST_TOKENS = 240  # 8 full rows: 8 x (24 + 6)
 
 
 @pytest.fixture(scope="module")
@@ -180,18 +181,35 @@ def test_a_request_costs_at_most_its_bounds(exported, served, translator):
     # max_source_bytes costs, and translates as the line does.
     huge = (long_line + " ") * (10 * 2**20 // (len(long_line) + 1))
     assert serve(served, [huge])[0] == serve(served, [long_line])[0]
-    # Rows times length: 8 full rows fit, a ninth is refused, saying why,
-    # through both signatures. Short rows count as short.
+    # Texts x (longest + max_extra_length): 8 full rows fit and a ninth is
+    # refused, saying why, through both signatures.
     assert len(serve(served, [long_line] * 8)[0]) == 8
-    assert len(serve(served, [SENTENCES[4]] * 30)[0]) == 30
-    message = r"more source tokens than this export translates at once: max_request_tokens=192, counting each text up to max_source_length=24"
+    message = (
+        r"costs more than this export decodes at once: max_request_tokens=240, counted as texts x "
+        r"\(tokens of the longest text with EOS, up to max_source_length=24, \+ max_extra_length=6\)"
+    )
     with pytest.raises(tf.errors.InvalidArgumentError, match=message):
         serve(served, [long_line] * 9)
     ids = tf.ragged.constant(translator.tokenizer.tokenize([long_line] * 9), tf.int32).to_tensor()
     with pytest.raises(tf.errors.InvalidArgumentError, match=message):
         served.signatures["translate_ids"](source_ids=ids)
-    with pytest.raises(ValueError, match=r"max_request_tokens must be an integer >= max_source_length=24, so that one full row fits. Received: max_request_tokens=10"):
-        export_saved_model(translator, os.path.join(os.path.dirname(exported), "2"), 10)
+    # Short rows cost less each, but not nothing: each decodes up to its
+    # length + max_extra_length, so many one-token texts are refused too.
+    short = SENTENCES[4]
+    cost = len(translator.tokenizer.tokenize(short)) + 1 + 6
+    assert len(serve(served, [short] * (MAX_REQUEST_TOKENS // cost))[0]) == MAX_REQUEST_TOKENS // cost
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        serve(served, [short] * (MAX_REQUEST_TOKENS // cost + 1))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        serve(served, ["a"] * 4096)
+    # One long text makes every row of its batch run as long: 1 long and 7
+    # short ones cost 8 full rows, 1 and 8 are refused.
+    assert len(serve(served, [long_line] + [short] * 7)[0]) == 8
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        serve(served, [long_line] + [short] * 8)
+    assert request_budget(translator) == 32 * (24 + 6)  # the default
+    with pytest.raises(ValueError, match=r"max_request_tokens must be an integer >= max_source_length \+ max_extra_length = 24 \+ 6 = 30, so that one full row fits. Received: max_request_tokens=29"):
+        export_saved_model(translator, os.path.join(os.path.dirname(exported), "2"), 29)
 
 
 def test_a_predict_request_round_trips_through_the_signature(served, translator):

@@ -116,14 +116,29 @@ def test_train_writes_a_translator_directory_the_other_commands_take(files, tmp_
 
     # The saved configuration repeats the run, with options overriding it.
     repeated = cli("train", "--config", model_dir / "train_config.json", "--model-dir", tmp_path / "again",
-                   "--train-steps", 2, "--checkpoint-every", 2, "--buckets", 2)
+                   "--train-steps", 2, "--checkpoint-every", 1, "--buckets", 2, "--average", 1,
+                   "--keep-checkpoints", 2)
     assert repeated.returncode == 0, repeated.stderr[-3000:]
     fitted = re.search(r"batches: ([12]) lengths? from (\d+) to (\d+) tokens \(fitted, buckets 2\)", repeated.stdout)
     assert fitted and int(fitted[2]) <= int(fitted[3]) <= 16, re.findall("batches.*", repeated.stdout)
     again = TrainingConfig.load(tmp_path / "again")
     assert again.to_dict() == config.to_dict() | {
-        "model_dir": str(tmp_path / "again"), "train_steps": 2, "checkpoint_every": 2, "buckets": 2
+        "model_dir": str(tmp_path / "again"), "train_steps": 2, "checkpoint_every": 1, "buckets": 2,
+        "average": 1, "keep_checkpoints": 2,
     }
+    # It kept two checkpoints, though it averaged one; `average` takes any.
+    kept = kt.training.list_checkpoints(tmp_path / "again" / "checkpoints")
+    assert [os.path.basename(path) for path in kept] == ["ckpt-00000001.keras", "ckpt-00000002.keras"]
+    main(["average", *map(str, kept), "--output", str(tmp_path / "averaged.keras")])
+    assert "Averaged 2 checkpoints into" in capsys.readouterr().out
+    both = keras.saving.load_model(tmp_path / "averaged.keras", compile=False).get_weights()
+    for got, want in zip(both, kt.training.average_checkpoints(kept).get_weights()):
+        np.testing.assert_array_equal(got, want)
+    (tmp_path / "torn.keras").write_bytes(b"")
+    assert f"Cannot read the checkpoint {tmp_path / 'torn.keras'}" in cli_error("average", kept[0], tmp_path / "torn.keras", "--output", tmp_path / "x.keras")
+    assert "No such checkpoint: missing.keras" in cli_error("average", "missing.keras", "--output", tmp_path / "x.keras")
+    assert "--output must name a .keras file; received" in cli_error("average", kept[0], "--output", tmp_path / "x.h5")
+    assert "keep_checkpoints (1) must be at least average (2)" in cli_error(*train_arguments(files, tmp_path / "k", "--average", 2, "--keep-checkpoints", 1))
 
 
 def progress_losses(stdout):
@@ -202,6 +217,9 @@ def cli_error(*args):
         (["--learning-rate-scale", "-1"], "learning_rate_scale must be a number in (0, inf); received -1.0"),
         (["--bucket-step", "0.9"], "bucket_step must be a number in [1, 4]; received 0.9"),
         (["--buckets", "0"], "buckets must be an integer >= 1; received 0"),
+        (["--valid-fraction", "0"], "valid_fraction must be a number in (0, 1); received 0.0"),
+        (["--valid-fraction", "1"], "valid_fraction must be a number in (0, 1); received 1.0"),
+        (["--valid-fraction", "0.1"], "valid_fraction holds validation pairs out of the training text files; give it without valid_source"),
         (["--buckets", "65"], "buckets must be at most 64; received 65"),
         (["--preset", "huge"], "preset must be one of"),
         (["--num-heads", "3"], "d_model (64) must be divisible by num_heads (3)"),
@@ -369,6 +387,45 @@ def test_a_torn_vocabulary_is_made_again_before_the_first_checkpoint_and_explain
     error = cli_error("train", "--resume", "--model-dir", tmp_path / "run")
     assert "subword.model is empty" in error
     assert "checkpoints (1) were trained with that vocabulary" in error and "put back subword.model" in error
+
+
+def test_validation_pairs_held_out_of_the_training_files(files, tmp_path):
+    arguments = train_arguments(files, tmp_path / "run", "--train-steps", 1, "--valid-fraction", 0.1)
+    for option in ("--valid-source", "--valid-target"):
+        del arguments[arguments.index(option) : arguments.index(option) + 2]
+    result = cli(*arguments)
+    assert result.returncode == 0, result.stderr[-3000:]
+    held = (tmp_path / "run" / "data" / "held_out.source").read_text().splitlines()
+    assert 10 <= len(held) <= 50  # about 30 of 300
+    assert f"train: {300 - len(held)} pairs" in result.stdout and f"valid (held out): {len(held)} pairs" in result.stdout
+    assert TrainingConfig.load(tmp_path / "run").valid_fraction == 0.1
+
+
+def test_a_partial_configuration_file_is_merged_with_the_options(files, tmp_path, monkeypatch):
+    from keras_transformer import cli as command_line
+
+    partial = tmp_path / "partial.json"
+    partial.write_text(json.dumps({"preset": "tiny", "train_steps": 30, "tokens_per_batch": 512, "model": {"num_layers": 1}}))
+    seen = []
+    monkeypatch.setattr(command_line, "train", lambda args: seen.append(command_line.training_config(args)))
+    data = ["--train-source", files / "train.en.gz", "--train-target", files / "train.de.gz",
+            "--valid-source", files / "valid.en", "--valid-target", files / "valid.de", "--model-dir", tmp_path / "run"]
+    command_line.main(["train", "--config", str(partial), *map(str, data), "--train-steps", "40", "--num-heads", "2"])
+    config = seen[0]
+    assert (config.preset, config.train_steps, config.tokens_per_batch) == ("tiny", 40, 512)
+    assert config.model == {"num_layers": 1, "num_heads": 2} and config.warmup_steps == TrainingConfig.warmup_steps
+    assert config.train_source == [str(files / "train.en.gz")]
+
+    partial.write_text(json.dumps({"preset": "tiny", "warmup": 10}))
+    assert f"error: {partial}: unknown fields ['warmup']; a configuration takes some of ['model_dir'," in cli_error("train", "--config", partial, *data)
+    partial.write_text(json.dumps({"train_steps": "ten", "train_source": 5}))
+    error = cli_error("train", "--config", partial, "--model-dir", tmp_path / "run", "--train-target", "t",
+                      "--valid-source", "v", "--valid-target", "v")
+    assert error.startswith(f"error: {partial}: ") and "`train_source` must be a file path or a list of file paths; received 5" in error
+    partial.write_text(json.dumps({"train_steps": "ten"}))
+    error = cli_error("train", "--config", partial, *data)
+    assert error.startswith(f"error: {partial}: ") and "train_steps must be an integer >= 1; received 'ten'" in error
+    monkeypatch.undo()
 
 
 @pytest.mark.parametrize("field, value, expected", [

@@ -40,6 +40,7 @@ from keras_transformer.data.corpus import read_json_object
 from keras_transformer.files import CannotWrite
 from keras_transformer.files import atomic_path
 from keras_transformer.files import write_atomically
+from keras_transformer.data.held_out import HeldOut
 from keras_transformer.data.tokenizer import SubwordTokenizer
 
 MANIFEST_FILE = "manifest.json"
@@ -292,7 +293,9 @@ def _decode(raw, path, number):
         ) from None
 
 
-def prepare_dataset(source_paths, target_paths, tokenizer, directory, chunk_pairs=CHUNK_PAIRS, log=None):
+def prepare_dataset(
+    source_paths, target_paths, tokenizer, directory, chunk_pairs=CHUNK_PAIRS, log=None, held_out=None
+):
     """Tokenizes parallel files once into `directory`, as a stream.
 
     Memory stays that of one chunk of pairs, whatever the corpus size;
@@ -307,6 +310,8 @@ def prepare_dataset(source_paths, target_paths, tokenizer, directory, chunk_pair
         directory: where the arrays and `manifest.json` go.
         chunk_pairs: pairs tokenized at a time.
         log: a function for one progress line per file, or None.
+        held_out: the fraction of pairs to hold out for validation, as
+            text in `directory` (`keras_transformer.data.held_out`), or None.
 
     Returns:
         The prepared `TokenizedPairs`, mapped from `directory`.
@@ -325,18 +330,26 @@ def prepare_dataset(source_paths, target_paths, tokenizer, directory, chunk_pair
     dtype = id_dtype(tokenizer.vocabulary_size)
     totals = dict.fromkeys(SIDES, 0)
     read, left_out, started = [], {"empty_side": 0, "too_long": 0}, time.time()
+    if held_out is not None:
+        held_out = HeldOut(directory, held_out)
     with contextlib.ExitStack() as stack:  # each array file renamed into place at the end
         files = {
             name: stack.enter_context(open(stack.enter_context(atomic_path(os.path.join(directory, name))), "wb"))
             for name in _array_files()
         }
+        if held_out is not None:
+            stack.enter_context(held_out)
         try:
             for side in SIDES:
                 np.zeros(1, np.int64).tofile(files[f"{side}.offsets"])
+            line = 0
             for source_path, target_path in zip(source_paths, target_paths):
                 entry = {"source": os.fspath(source_path), "target": os.fspath(target_path), "lines": 0, "pairs": 0}
                 for chunk in read_pairs([source_path], [target_path], chunk_pairs):
                     entry["lines"] += len(chunk)
+                    line += len(chunk)
+                    if held_out is not None:
+                        chunk = held_out.take(chunk, line - len(chunk))
                     kept = [(s, t) for s, t in chunk if s.strip() and t.strip()]
                     left_out["empty_side"] += len(chunk) - len(kept)
                     if kept:
@@ -364,6 +377,8 @@ def prepare_dataset(source_paths, target_paths, tokenizer, directory, chunk_pair
         "files": read,
         "seconds": round(time.time() - started, 1),
     }
+    if held_out is not None:
+        manifest["held_out"] = held_out.summary()
     write_atomically(manifest_path, json.dumps(manifest, indent=2) + "\n")
     return load_prepared(directory, tokenizer)
 

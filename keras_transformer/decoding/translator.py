@@ -246,7 +246,10 @@ class Translator:
         max_source_length: the most source tokens (EOS included) decoded;
             longer lines are truncated. With learned positions, at most the
             model's `max_length`, which also bounds the outputs.
-        batch_size: sentences decoded together.
+        batch_size: sentences decoded together, sorted by length: a batch
+            costs at most batch_size x (its longest + max_extra_length)
+            tokens a beam, in steps and in cache memory, however many
+            sentences `translate` is given (the export's `request_cost`).
         jit_compile: compile with XLA under TensorFlow.
         quantize: None, or "int8" to decode with a copy of `model` whose
             attention and feed-forward kernels and token embedding are int8

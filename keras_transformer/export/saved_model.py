@@ -35,14 +35,29 @@ SUBWORD_ASSET = "subword.model"
 SETTINGS_ASSET = "translator.json"
 # An export in progress: hidden from TF Serving, which loads numbered folders.
 PARTIAL_PREFIX = ".partial-"
-# The most source tokens one request may hold: 32 rows of 256 tokens.
-DEFAULT_MAX_REQUEST_TOKENS = 8192
+# A request may cost what this many rows of max_source_length tokens cost.
+DEFAULT_REQUEST_ROWS = 32
 
 # Python's str.isspace(), in RE2: the Translator's "blank line" test.
 _BLANK = r"[\s\x{0B}\x{1C}-\x{1F}\x{85}\p{Z}]*"
 
 
-def export_saved_model(translator, path, max_request_tokens=DEFAULT_MAX_REQUEST_TOKENS):
+def request_budget(translator, rows=DEFAULT_REQUEST_ROWS):
+    """The cost of `rows` full rows: rows x (max_source_length +
+    max_extra_length) tokens decoded per beam."""
+    return rows * (translator.max_source_length + translator.max_extra_length)
+
+
+def request_cost(rows, longest, max_extra_length):
+    """What a request of `rows` texts, the longest `longest` tokens with its
+    EOS, costs: every row of a batched search runs as long as the longest
+    row's limit, on `beam_size` beams, with a cache that long; so rows x
+    (longest + max_extra_length) tokens per beam bound both its steps and its
+    memory."""
+    return rows * (longest + max_extra_length)
+
+
+def export_saved_model(translator, path, max_request_tokens=None):
     """Writes `translator` as a SavedModel that TF Serving can load.
 
     Signatures:
@@ -65,14 +80,16 @@ def export_saved_model(translator, path, max_request_tokens=DEFAULT_MAX_REQUEST_
     The cost of a request is bounded, so that one request cannot take a
     server down. Each text is cut to `max_source_bytes` bytes before it is
     tokenized (twice what `max_source_length` tokens can span: the tokens
-    kept are unchanged, unless the cut falls inside one word that long),
-    and a request's source tokens, each row counted up
-    to `max_source_length`, may total at most `max_request_tokens`; past
-    that the request fails with INVALID_ARGUMENT, saying so, before any
-    decoding. Each row's output is at most its length plus
-    `max_extra_length` tokens. With TF Serving's request batching, a merged
-    batch is one request: keep `max_batch_size` times `max_source_length`
-    within `max_request_tokens` (saved_models/README.md).
+    kept are unchanged, unless the cut falls inside one word that long).
+    Each row's output is at most its length plus `max_extra_length` tokens,
+    and a batched search runs every row as long as the longest row's limit:
+    a request of n texts whose longest has m tokens (with EOS, up to
+    `max_source_length`) costs n x (m + `max_extra_length`) tokens per beam
+    (`request_cost`), in time and in cache memory. It may cost at most
+    `max_request_tokens`; past that it fails with INVALID_ARGUMENT, saying
+    so, before any decoding. With TF Serving's request batching, a merged
+    batch is one request: keep `max_batch_size` full rows within
+    `max_request_tokens` (saved_models/README.md).
 
     The SentencePiece model is stored in `assets/subword.model` (for
     clients of `translate_ids`) and the search settings, with both bounds,
@@ -86,22 +103,26 @@ def export_saved_model(translator, path, max_request_tokens=DEFAULT_MAX_REQUEST_
     Args:
         translator: a `keras_transformer.Translator`.
         path: the directory to create; it must not exist or be empty.
-        max_request_tokens: the most source tokens one request may hold
-            (`DEFAULT_MAX_REQUEST_TOKENS`: 32 rows of 256 tokens).
+        max_request_tokens: the most a request may cost, in tokens per
+            beam; None: what `DEFAULT_REQUEST_ROWS` (32) full rows cost
+            (`request_budget`: 32 x (256 + 50) = 9,792 by default).
 
     Returns:
         `path`.
     """
     path = os.fspath(path)
+    one_row = request_budget(translator, rows=1)
+    if max_request_tokens is None:
+        max_request_tokens = request_budget(translator)
     if (
         isinstance(max_request_tokens, bool)
         or not isinstance(max_request_tokens, int)
-        or max_request_tokens < translator.max_source_length
+        or max_request_tokens < one_row
     ):
         raise ValueError(
-            "max_request_tokens must be an integer >= max_source_length="
-            f"{translator.max_source_length}, so that one full row fits. "
-            f"Received: max_request_tokens={max_request_tokens!r}"
+            f"max_request_tokens must be an integer >= max_source_length + max_extra_length = "
+            f"{translator.max_source_length} + {translator.max_extra_length} = {one_row}, so that one "
+            f"full row fits. Received: max_request_tokens={max_request_tokens!r}"
         )
     if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
         raise FileExistsError(
@@ -223,20 +244,21 @@ def _serving_module(translator, subword_file, settings_file, max_request_tokens)
         sources = tf.gather(source_ids, rows)[:, : max_source_length - 1]
         sources = tf.concat([sources, tf.fill([count, 1], eos_id)], axis=1)
         lengths = tf.cast(sources.row_lengths(), tf.int32)
+        longest = tf.reduce_max(tf.concat([lengths, [1]], axis=0))
         within_budget = tf.debugging.assert_less_equal(
-            tf.reduce_sum(lengths),
-            max_request_tokens,
+            request_cost(tf.cast(count, tf.int64), tf.cast(longest, tf.int64), translator.max_extra_length),
+            tf.constant(max_request_tokens, tf.int64),
             message=(
-                f"The request holds more source tokens than this export "
-                f"translates at once: max_request_tokens={max_request_tokens}, "
-                f"counting each text up to max_source_length={max_source_length} "
-                "tokens with its EOS. Split it into smaller requests. Received:"
+                f"The request costs more than this export decodes at once: "
+                f"max_request_tokens={max_request_tokens}, counted as texts x (tokens of the longest "
+                f"text with EOS, up to max_source_length={max_source_length}, + "
+                f"max_extra_length={translator.max_extra_length}). Split it into smaller "
+                "requests. Received:"
             ),
         )
         with tf.control_dependencies([within_budget]):
-            lengths = tf.identity(lengths)
+            longest = tf.identity(longest)
         # The Translator's source buckets, so both decode the same shapes.
-        longest = tf.reduce_max(tf.concat([lengths, [1]], axis=0))
         width = tf.gather(source_lengths, tf.searchsorted(source_lengths, [longest]))[0]
         dense = sources.to_tensor(0, shape=tf.stack([count, width]))
         # "input length + max_extra_length": the tokens before EOS.
@@ -325,9 +347,7 @@ def _export_in_tensorflow_process(translator, path, max_request_tokens):
         )
 
 
-def export_new_version(
-    translator, name, base_dir="saved_models", max_request_tokens=DEFAULT_MAX_REQUEST_TOKENS
-):
+def export_new_version(translator, name, base_dir="saved_models", max_request_tokens=None):
     """Exports into TF Serving's layout, `<base_dir>/<name>/<version>/`.
 
     The version is one more than the highest existing one (1 for the first

@@ -157,6 +157,13 @@ def _architecture(model):
     return config
 
 
+def _load_weights_of(path):
+    try:
+        return keras.saving.load_model(path, compile=False)
+    except Exception as error:  # noqa: BLE001 - any unreadable file
+        raise ValueError(f"Cannot read the checkpoint {path}: {str(error).splitlines()[0][:200]}") from None
+
+
 def average_checkpoints(paths):
     """The element-wise mean of the weights of several checkpoints.
 
@@ -174,7 +181,7 @@ def average_checkpoints(paths):
     """
     if not paths:
         raise ValueError("Averaging needs at least one checkpoint. Received: []")
-    models = [keras.saving.load_model(path, compile=False) for path in paths]
+    models = [_load_weights_of(path) for path in paths]
     weights = [model.get_weights() for model in models]
     shapes = [[w.shape for w in ws] for ws in weights]
     if any(s != shapes[0] for s in shapes):

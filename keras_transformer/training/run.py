@@ -25,6 +25,7 @@ import time
 
 import keras
 
+from keras_transformer.data import held_out
 from keras_transformer.data.batches import TokenBatches
 from keras_transformer.data.corpus import concatenate
 from keras_transformer.data.corpus import read_json_object
@@ -91,6 +92,9 @@ class TrainingConfig:
             its vocabulary is the run's.
         valid_source, valid_target: validation files: the validation loss
             and greedy BLEU at each checkpoint, and nothing else.
+        valid_fraction: instead of validation files, hold out this fraction
+            of the training text's pairs (the same pairs for the same files)
+            when it is prepared; they are kept as text in `model_dir/data/`.
         vocabulary: a directory holding `subword.model` to reuse; a new
             shared vocabulary of `vocabulary_size` pieces is trained on the
             training text when None.
@@ -119,6 +123,8 @@ class TrainingConfig:
         train_steps: optimizer steps in all.
         checkpoint_every: steps between checkpoints (and validations).
         average: how many of the last checkpoints the final model averages.
+        keep_checkpoints: how many of the last checkpoints stay on disk (None:
+            `average`); at least `average`.
         valid_pairs: validate on the first this many pairs only (None:
             all of them).
         valid_bleu_sentences: validation sentences translated for BLEU at
@@ -132,8 +138,9 @@ class TrainingConfig:
     model_dir: str
     train_source: list
     train_target: list
-    valid_source: list
-    valid_target: list
+    valid_source: list = dataclasses.field(default_factory=list)
+    valid_target: list = dataclasses.field(default_factory=list)
+    valid_fraction: float = None
     train_data: str = None
     vocabulary: str = None
     vocabulary_size: int = 8000
@@ -150,6 +157,7 @@ class TrainingConfig:
     train_steps: int = 10000
     checkpoint_every: int = 1000
     average: int = 5
+    keep_checkpoints: int = None
     valid_pairs: int = None
     valid_bleu_sentences: int = 500
     beam_size: int = 4
@@ -219,6 +227,13 @@ class TrainingConfig:
             whole("valid_bleu_sentences", 0)
         if self.valid_pairs is not None:
             whole("valid_pairs")
+        if self.keep_checkpoints is not None:
+            whole("keep_checkpoints")
+            if isinstance(self.keep_checkpoints, int) and isinstance(self.average, int) and self.keep_checkpoints < self.average:
+                problems.append(
+                    f"keep_checkpoints ({self.keep_checkpoints}) must be at least average ({self.average}), "
+                    "the checkpoints the final model averages"
+                )
         if self.buckets is not None:
             whole("buckets")
             if isinstance(self.buckets, int) and self.buckets > 64:
@@ -226,6 +241,8 @@ class TrainingConfig:
         number("learning_rate_scale", 0, math.inf, self.learning_rate_scale, low_open=True)
         number("label_smoothing", 0, 1, self.label_smoothing)
         number("bucket_step", 1, 4, self.bucket_step, high_open=False)
+        if self.valid_fraction is not None:
+            number("valid_fraction", 0, 1, self.valid_fraction, low_open=True)
         number("alpha", 0, math.inf, self.alpha)
         if isinstance(self.tokens_per_batch, int) and isinstance(self.max_tokens, int):
             if self.tokens_per_batch < self.max_tokens:
@@ -292,7 +309,16 @@ class TrainingConfig:
                     f"train_data {self.train_data} brings its own vocabulary; received "
                     f"vocabulary={self.vocabulary!r} too."
                 )
-        for side in ("valid",) if self.train_data is not None else ("train", "valid"):
+        if self.valid_fraction is not None:
+            if self.valid_source or self.valid_target or self.train_data is not None:
+                raise ValueError(
+                    "valid_fraction holds validation pairs out of the training text files; give it "
+                    "without valid_source and valid_target, and with train_source and train_target "
+                    f"(not train_data). Received: valid_source={self.valid_source}, "
+                    f"valid_target={self.valid_target}, train_data={self.train_data!r}."
+                )
+        sides = ("train", "valid") if self.valid_fraction is None else ("train",)
+        for side in sides if self.train_data is None else ("valid",):
             sources, targets = getattr(self, f"{side}_source"), getattr(self, f"{side}_target")
             if not sources or len(sources) != len(targets):
                 raise ValueError(
@@ -358,14 +384,33 @@ class TrainingConfig:
     @classmethod
     def load(cls, path):
         """Reads a configuration: a `train_config.json`, or a model dir."""
+        path = cls.config_path(path)
+        return cls.from_dict(read_json_object(path), source=path)
+
+    @classmethod
+    def read_fields(cls, path):
+        """The fields a configuration file gives, some or all of them (the
+        JSON object of `train_config.json`, or a part of one); the rest come
+        from elsewhere (`train`'s options). Unknown fields are refused."""
+        path = cls.config_path(path)
+        values = read_json_object(path)
+        names = [field.name for field in dataclasses.fields(cls)]
+        unknown = sorted(set(values) - set(names))
+        if unknown:
+            raise ValueError(f"{path}: unknown fields {unknown}; a configuration takes some of {names}.")
+        return values
+
+    @staticmethod
+    def config_path(path):
+        """`path`, or the `train_config.json` in it when it is a folder."""
         if os.path.isdir(path):
             path = os.path.join(path, CONFIG_FILE)
         if not os.path.isfile(path):
             raise FileNotFoundError(
                 f"No training configuration at {path}: expected the {CONFIG_FILE} "
-                "that a training run writes into its model directory."
+                "that a training run writes into its model directory, or a JSON object of some of its fields."
             )
-        return cls.from_dict(read_json_object(path), source=path)
+        return path
 
 
 def prepare_model_dir(config, resume=False):
@@ -455,7 +500,7 @@ def train_translator(config, resume=False, log=print, verbose=0):
 
     tokenizer = _vocabulary(config, log)
     train = _training_pairs(config, tokenizer, log)
-    valid = read_corpus(config.valid_source, config.valid_target, "valid")[: config.valid_pairs]
+    valid = _validation_pairs(config)
     log(valid.summary())
 
     distribution = Distribution()
@@ -504,7 +549,7 @@ def train_translator(config, resume=False, log=print, verbose=0):
     )
     model = fit(
         model, train_data, config.model_dir, config.train_steps,
-        checkpoint_every=config.checkpoint_every, keep_checkpoints=config.average,
+        checkpoint_every=config.checkpoint_every, keep_checkpoints=config.keep_checkpoints or config.average,
         validation_data=valid_data, callbacks=callbacks, verbose=verbose,
     )
 
@@ -559,6 +604,16 @@ def _vocabulary(config, log):
     return tokenizer
 
 
+def _validation_pairs(config):
+    """The validation files' pairs, or those held out of the training text
+    when the run was prepared (`valid_fraction`)."""
+    if config.valid_fraction is None:
+        return read_corpus(config.valid_source, config.valid_target, "valid")[: config.valid_pairs]
+    where = os.path.join(config.model_dir, PREPARED_DIR)
+    held = [os.path.join(where, name) for name in (held_out.SOURCE_FILE, held_out.TARGET_FILE)]
+    return read_corpus([held[0]], [held[1]], "valid (held out)")[: config.valid_pairs]
+
+
 def _training_pairs(config, tokenizer, log):
     """The training pairs as mapped arrays: the given prepared set, the
     run's own (prepared at its start), or prepared now from the text."""
@@ -571,7 +626,9 @@ def _training_pairs(config, tokenizer, log):
             pairs = load_prepared(where, tokenizer)
         else:
             start = time.time()
-            pairs = prepare_dataset(config.train_source, config.train_target, tokenizer, where)
+            pairs = prepare_dataset(
+                config.train_source, config.train_target, tokenizer, where, held_out=config.valid_fraction
+            )
             log(f"prepared the training text into {where} in {format_duration(time.time() - start)}")
     manifest = pairs.manifest
     left_out = manifest["left_out"]
