@@ -389,6 +389,31 @@ def test_a_torn_vocabulary_is_made_again_before_the_first_checkpoint_and_explain
     assert "checkpoints (1) were trained with that vocabulary" in error and "put back subword.model" in error
 
 
+@in_one_pass("torch", "file writes are the same code on every backend")
+def test_a_full_disk_names_the_file_it_could_not_write_and_leaves_no_partial_file(files, tmp_path):
+    """A file-size limit (RLIMIT_FSIZE) fails writes as a full disk does: the
+    vocabulary and the prepared text fit under it, a checkpoint does not."""
+    import resource
+
+    def full_past_400_kb():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # fail the write, do not kill
+        resource.setrlimit(resource.RLIMIT_FSIZE, (400_000, 400_000))
+
+    arguments = train_arguments(files, tmp_path / "run", "--train-steps", 4, "--checkpoint-every", 2)
+    command = [sys.executable, "-m", "keras_transformer", *map(str, arguments)]
+    env = dict(os.environ, KERAS_BACKEND=keras.backend.backend())
+    full = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, preexec_fn=full_past_400_kb)
+    assert full.returncode == 1
+    assert full.stderr.strip().splitlines() == [
+        f"error: Cannot write {tmp_path / 'run' / 'checkpoints' / 'ckpt-00000002.keras'}: File too large"
+    ]
+    assert not [name for _, _, names in os.walk(tmp_path / "run") for name in names if name.startswith(".partial")]
+    # With room again, the same run resumes to its end.
+    resumed = cli("train", "--resume", "--model-dir", tmp_path / "run")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (tmp_path / "run" / "model.keras").is_file()
+
+
 def test_validation_pairs_held_out_of_the_training_files(files, tmp_path):
     arguments = train_arguments(files, tmp_path / "run", "--train-steps", 1, "--valid-fraction", 0.1)
     for option in ("--valid-source", "--valid-target"):
