@@ -72,7 +72,7 @@ def serve(saved_model, scenario, texts_file):
         outputs = served(text=tf.constant(texts))
         result = f"{len(outputs['translation'].numpy())} translations"
     except tf.errors.InvalidArgumentError as error:
-        found = re.search(r"The request holds[^.]*\.", error.message)
+        found = re.search(r"The request costs[^.]*\.", error.message)
         result = "refused: " + (found.group(0) if found else error.message[:120]).replace("\n", " ")
     seconds = time.perf_counter() - start
     done.set()

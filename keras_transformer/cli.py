@@ -168,7 +168,7 @@ def export(args):
 
 
 def _add_train_arguments(parser):
-    from keras_transformer.training.run import TrainingConfig
+    from keras_transformer.training.config import TrainingConfig
 
     defaults = TrainingConfig(model_dir="", train_source=[], train_target=[],
                               valid_source=[], valid_target=[])
@@ -237,8 +237,8 @@ def training_config(args):
     either; a run killed before it saved its configuration starts again
     from the command line, which describes it in full.
     """
-    from keras_transformer.training.run import CONFIG_FILE
-    from keras_transformer.training.run import TrainingConfig
+    from keras_transformer.training.config import CONFIG_FILE
+    from keras_transformer.training.config import TrainingConfig
 
     if args.resume and not args.model_dir and not args.config:
         raise ValueError("--resume needs --model-dir, the directory of the run to continue.")

@@ -152,7 +152,7 @@ def write_report(config, test, log):
     from keras_transformer.decoding import Translator
     from keras_transformer.decoding import plot_cross_attention
     from keras_transformer.training.progress import read_history
-    from keras_transformer.training.run import HISTORY_FILE
+    from keras_transformer.training.config import HISTORY_FILE
 
     history = read_history(os.path.join(config.model_dir, HISTORY_FILE))
     figure, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
@@ -201,7 +201,7 @@ def main(argv=None):
     from keras_transformer.data import read_parallel_text
     from keras_transformer.training import train_translator
     from keras_transformer.training.progress import read_history
-    from keras_transformer.training.run import HISTORY_FILE
+    from keras_transformer.training.config import HISTORY_FILE
 
     def log(line):
         print(line, flush=True)

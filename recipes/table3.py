@@ -157,7 +157,7 @@ def run_row(args, row, vocabulary, valid, log):
     from keras_transformer.scoring import score_translations
     from keras_transformer.training import train_translator
     from keras_transformer.training.progress import read_history
-    from keras_transformer.training.run import HISTORY_FILE
+    from keras_transformer.training.config import HISTORY_FILE
 
     config = row_config(args, row, vocabulary)
     done = os.path.join(config.model_dir, "row.json")

@@ -14,7 +14,8 @@ label smoothing 0.1, beam 4 with alpha 0.6, at most source length + 50
 output tokens, and sacreBLEU on newstest2014 (the test split). Without
 --data-dir, TFDS `wmt14_translate/fr-en` (36M pairs) is written once as
 text files under `<model-dir>/data/`. The paper trained the big model for
-300,000 steps on 8 P100 GPUs (3.5 days) and reports 41.8 BLEU.
+300,000 steps on 8 P100 GPUs (3.5 days) and reports 41.8 BLEU; this
+recipe trains 100,000 steps unless given --train-steps 300000.
 """
 
 import os

@@ -13,7 +13,7 @@ from keras_transformer.training.checkpoints import restore_latest
 from keras_transformer.training.distribution import Distribution
 from keras_transformer.training.progress import ProgressLog
 from keras_transformer.training.progress import ValidationBLEU
-from keras_transformer.training.run import TrainingConfig
+from keras_transformer.training.config import TrainingConfig
 from keras_transformer.training.run import train_translator
 from keras_transformer.training.trainer import StopAtStep
 from keras_transformer.training.trainer import StopOnNonFiniteLoss
