@@ -5,17 +5,16 @@
 
 Exports a translator with the default bounds (a request may cost
 `request_budget`: what 32 texts of `max_source_length` tokens cost, counted
-as texts x (longest + `max_extra_length`); each text cut to
-`max_source_bytes` before it is tokenized), then serves each request below
+as texts x (longest + `max_extra_length`), and at most 64 texts; each text
+cut to `max_source_bytes` before it is tokenized), then serves each request below
 from a fresh process that has loaded the SavedModel and answered one short
 warm-up request, as a server would be, and reports its latency and how much
 the process's peak memory (its resident set, sampled every 5 ms) grew:
 
 - `full rows`: as many rows of `max_source_length` tokens as the budget
   takes (32), random words of the built-in corpus: the documented worst;
-- `short rows`: as many one-token texts as the budget takes;
-- `quarter rows`: as many texts of a quarter of `max_source_length` as the
-  budget takes;
+- `short rows`, `quarter rows`, `half rows`: as many texts of one token,
+  a quarter and a half of `max_source_length` as both bounds allow;
 - `one full, rest short`: one full row and 31 one-token texts;
 - `10 MB string`: one text of 10 MB, cut before tokenizing;
 - `4,096 one-token texts`: refused now with INVALID_ARGUMENT.
@@ -36,7 +35,9 @@ import subprocess
 import sys
 import tempfile
 
-SCENARIOS = ("full rows", "short rows", "quarter rows", "one full, rest short", "10 MB string", "4,096 one-token texts")
+SCENARIOS = (
+    "full rows", "short rows", "quarter rows", "half rows", "one full, rest short", "10 MB string", "4,096 one-token texts",
+)
 
 
 def resident_mib():
@@ -72,7 +73,7 @@ def serve(saved_model, scenario, texts_file):
         outputs = served(text=tf.constant(texts))
         result = f"{len(outputs['translation'].numpy())} translations"
     except tf.errors.InvalidArgumentError as error:
-        found = re.search(r"The request costs[^.]*\.", error.message)
+        found = re.search(r"The request (costs|holds)[^.]*\.", error.message)
         result = "refused: " + (found.group(0) if found else error.message[:120]).replace("\n", " ")
     seconds = time.perf_counter() - start
     done.set()
@@ -81,8 +82,8 @@ def serve(saved_model, scenario, texts_file):
                       "rss_peak_mib": max(peak, resident_mib()), "result": result}))
 
 
-def requests_for(translator, budget):
-    """The requests, by scenario, for `translator` and a budget of `budget`."""
+def requests_for(translator, budget, max_rows):
+    """The requests, by scenario, for `translator` and its bounds."""
     import numpy as np
 
     from keras_transformer.data import builtin_corpus
@@ -99,13 +100,18 @@ def requests_for(translator, budget):
             text += " ".join(rng.choice(words, 64)) + " "
         return translator.tokenizer.detokenize(translator.tokenizer.tokenize(text)[:tokens])
 
-    full_row, quarter = text_of(length), text_of(length // 4 - 1)
+    full_row, quarter, half = text_of(length), text_of(length // 4 - 1), text_of(length // 2 - 1)
     rows = budget // (length + extra)
+
+    def most(tokens):  # the most texts of `tokens` tokens (with EOS) both bounds allow
+        return min(max_rows, budget // (tokens + extra))
+
     return {
         "warm-up only": ["the dog ."],
         "full rows": [full_row] * rows,
-        "short rows": [one_token] * (budget // (2 + extra)),
-        "quarter rows": [quarter] * (budget // (length // 4 + extra)),
+        "short rows": [one_token] * most(2),
+        "quarter rows": [quarter] * most(length // 4),
+        "half rows": [half] * most(length // 2),
         "one full, rest short": [full_row] + [one_token] * (rows - 1),
         "10 MB string": [(full_row + " ") * (10 * 2**20 // (len(full_row) + 1))],
         "4,096 one-token texts": [one_token] * 4096,
@@ -116,11 +122,12 @@ def measure(translator, label, work):
     """Exports `translator` and serves each scenario from a fresh process;
     prints a table row each."""
     from keras_transformer.export import export_saved_model
+    from keras_transformer.export.saved_model import DEFAULT_MAX_REQUEST_ROWS
     from keras_transformer.export.saved_model import max_source_bytes
     from keras_transformer.export.saved_model import request_budget
 
     budget = request_budget(translator)
-    requests = requests_for(translator, budget)
+    requests = requests_for(translator, budget, DEFAULT_MAX_REQUEST_ROWS)
     folder = os.path.join(work, re.sub(r"\W+", "_", label))
     saved_model = export_saved_model(translator, os.path.join(folder, "1"))
     texts_file = os.path.join(folder, "texts.json")
@@ -128,6 +135,7 @@ def measure(translator, label, work):
         json.dump(requests, file)
     print(f"\n{label}: beam {translator.beam_size}, max_source_length {translator.max_source_length}, "
           f"max_extra_length {translator.max_extra_length}, max_request_tokens {budget}, "
+          f"max_request_rows {DEFAULT_MAX_REQUEST_ROWS}, "
           f"max_source_bytes {max_source_bytes(translator)}")
     print("| request | texts x bytes | latency (s) | resident after warm-up (MiB) "
           "| peak growth (MiB) | result | latency / memory over full rows |")

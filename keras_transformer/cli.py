@@ -147,23 +147,25 @@ def export(args):
         ) from None
     from keras_transformer.export import export_new_version
     from keras_transformer.export import export_saved_model
+    from keras_transformer.export.saved_model import DEFAULT_MAX_REQUEST_ROWS
     from keras_transformer.export.saved_model import request_budget
 
     translator = _load_translator(args)
     limit = args.max_request_tokens
     if limit is None:
         limit = request_budget(translator)
+    rows = DEFAULT_MAX_REQUEST_ROWS if args.max_request_rows is None else args.max_request_rows
     if args.output:
-        path = export_saved_model(translator, args.output, limit)
+        path = export_saved_model(translator, args.output, limit, rows)
     else:
         name = args.name or os.path.basename(os.path.normpath(args.model_dir))
         path = export_new_version(
-            translator, name, base_dir=args.base_dir, max_request_tokens=limit
+            translator, name, base_dir=args.base_dir, max_request_tokens=limit, max_request_rows=rows
         )
     print(
         f"Exported a SavedModel to {path} (beam {translator.beam_size}, alpha "
-        f"{translator.alpha}; a request may cost {limit} tokens: texts x (longest + "
-        f"{translator.max_extra_length}))"
+        f"{translator.alpha}; a request may hold {rows} texts and cost {limit} tokens: texts x "
+        f"(longest + {translator.max_extra_length}))"
     )
 
 
@@ -417,6 +419,10 @@ def main(argv=None):
         "--max-request-tokens", type=int,
         help="the most one request may cost: texts x (the longest text's tokens + "
         "max_extra_length) (default: what 32 texts of max_source_length tokens cost)",
+    )
+    command.add_argument(
+        "--max-request-rows", type=int,
+        help="the most texts one request may hold (default: 64)",
     )
     command.set_defaults(run=export)
 

@@ -200,7 +200,7 @@ def test_a_request_costs_at_most_its_bounds(exported, served, translator):
     assert len(serve(served, [short] * (MAX_REQUEST_TOKENS // cost))[0]) == MAX_REQUEST_TOKENS // cost
     with pytest.raises(tf.errors.InvalidArgumentError, match=message):
         serve(served, [short] * (MAX_REQUEST_TOKENS // cost + 1))
-    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="costs more than|holds more texts"):
         serve(served, ["a"] * 4096)
     # One long text makes every row of its batch run as long: 1 long and 7
     # short ones cost 8 full rows, 1 and 8 are refused.
@@ -208,6 +208,15 @@ def test_a_request_costs_at_most_its_bounds(exported, served, translator):
     with pytest.raises(tf.errors.InvalidArgumentError, match=message):
         serve(served, [long_line] + [short] * 8)
     assert request_budget(translator) == 32 * (24 + 6)  # the default
+    # Every text holds beam x vocabulary scores a step: at most so many texts.
+    few_rows = tf.saved_model.load(export_saved_model(
+        translator, os.path.join(os.path.dirname(exported), "rows"), max_request_tokens=10_000, max_request_rows=3
+    ))
+    assert len(serve(few_rows, [short] * 3 + [""] * 5)[0]) == 8  # empty texts cost nothing
+    with pytest.raises(tf.errors.InvalidArgumentError, match="holds more texts than this export decodes at once: max_request_rows=3"):
+        serve(few_rows, [short] * 4)
+    with pytest.raises(ValueError, match="max_request_rows must be an integer >= 1. Received: max_request_rows=0"):
+        export_saved_model(translator, os.path.join(os.path.dirname(exported), "3"), max_request_rows=0)
     with pytest.raises(ValueError, match=r"max_request_tokens must be an integer >= max_source_length \+ max_extra_length = 24 \+ 6 = 30, so that one full row fits. Received: max_request_tokens=29"):
         export_saved_model(translator, os.path.join(os.path.dirname(exported), "2"), 29)
 

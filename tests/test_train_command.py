@@ -414,6 +414,21 @@ def test_a_full_disk_names_the_file_it_could_not_write_and_leaves_no_partial_fil
     assert (tmp_path / "run" / "model.keras").is_file()
 
 
+@in_one_pass("jax", "JAX's persistent compilation cache")
+def test_a_repeated_run_under_jax_compiles_nothing_again(files, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    env.update(KERAS_BACKEND="jax", XDG_CACHE_HOME=str(tmp_path / "cache"))
+    cache = tmp_path / "cache" / "keras-transformer" / "jax"
+    entries = []
+    for run in ("first", "second"):
+        arguments = train_arguments(files, tmp_path / run, "--train-steps", 2, "--checkpoint-every", 2, "--seed", len(entries))
+        command = [sys.executable, "-m", "keras_transformer", *map(str, arguments)]
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        entries.append(sorted(os.listdir(cache)))
+    assert entries[0] and entries[1] == entries[0]  # the second run, another seed, found every program there
+
+
 def test_validation_pairs_held_out_of_the_training_files(files, tmp_path):
     arguments = train_arguments(files, tmp_path / "run", "--train-steps", 1, "--valid-fraction", 0.1)
     for option in ("--valid-source", "--valid-target"):

@@ -35,8 +35,10 @@ SUBWORD_ASSET = "subword.model"
 SETTINGS_ASSET = "translator.json"
 # An export in progress: hidden from TF Serving, which loads numbered folders.
 PARTIAL_PREFIX = ".partial-"
-# A request may cost what this many rows of max_source_length tokens cost.
+# A request may cost what this many rows of max_source_length tokens cost,
 DEFAULT_REQUEST_ROWS = 32
+# and hold at most this many texts: each holds beam x vocabulary scores a step.
+DEFAULT_MAX_REQUEST_ROWS = 2 * DEFAULT_REQUEST_ROWS
 
 # Python's str.isspace(), in RE2: the Translator's "blank line" test.
 _BLANK = r"[\s\x{0B}\x{1C}-\x{1F}\x{85}\p{Z}]*"
@@ -57,7 +59,7 @@ def request_cost(rows, longest, max_extra_length):
     return rows * (longest + max_extra_length)
 
 
-def export_saved_model(translator, path, max_request_tokens=None):
+def export_saved_model(translator, path, max_request_tokens=None, max_request_rows=DEFAULT_MAX_REQUEST_ROWS):
     """Writes `translator` as a SavedModel that TF Serving can load.
 
     Signatures:
@@ -86,8 +88,9 @@ def export_saved_model(translator, path, max_request_tokens=None):
     a request of n texts whose longest has m tokens (with EOS, up to
     `max_source_length`) costs n x (m + `max_extra_length`) tokens per beam
     (`request_cost`), in time and in cache memory. It may cost at most
-    `max_request_tokens`; past that it fails with INVALID_ARGUMENT, saying
-    so, before any decoding. With TF Serving's request batching, a merged
+    `max_request_tokens` and hold at most `max_request_rows` texts (each
+    holds beam x vocabulary scores at every step, whatever its length); past
+    either it fails with INVALID_ARGUMENT, saying so, before any decoding. With TF Serving's request batching, a merged
     batch is one request: keep `max_batch_size` full rows within
     `max_request_tokens` (saved_models/README.md).
 
@@ -106,6 +109,7 @@ def export_saved_model(translator, path, max_request_tokens=None):
         max_request_tokens: the most a request may cost, in tokens per
             beam; None: what `DEFAULT_REQUEST_ROWS` (32) full rows cost
             (`request_budget`: 32 x (256 + 50) = 9,792 by default).
+        max_request_rows: the most texts a request may hold (64).
 
     Returns:
         `path`.
@@ -114,6 +118,8 @@ def export_saved_model(translator, path, max_request_tokens=None):
     one_row = request_budget(translator, rows=1)
     if max_request_tokens is None:
         max_request_tokens = request_budget(translator)
+    if isinstance(max_request_rows, bool) or not isinstance(max_request_rows, int) or max_request_rows < 1:
+        raise ValueError(f"max_request_rows must be an integer >= 1. Received: max_request_rows={max_request_rows!r}")
     if (
         isinstance(max_request_tokens, bool)
         or not isinstance(max_request_tokens, int)
@@ -130,21 +136,21 @@ def export_saved_model(translator, path, max_request_tokens=None):
             "directory. Choose a new path, or use export_new_version()."
         )
     if keras.backend.backend() == "tensorflow":
-        _write_saved_model(translator, path, max_request_tokens)
+        _write_saved_model(translator, path, max_request_tokens, max_request_rows)
     else:
-        _export_in_tensorflow_process(translator, path, max_request_tokens)
+        _export_in_tensorflow_process(translator, path, max_request_tokens, max_request_rows)
     return path
 
 
-def _write_saved_model(translator, path, max_request_tokens):
+def _write_saved_model(translator, path, max_request_tokens, max_request_rows):
     with tempfile.TemporaryDirectory() as assets:
         subword_file = os.path.join(assets, SUBWORD_ASSET)
         with open(subword_file, "wb") as file:
             file.write(translator.tokenizer.proto)
         settings_file = os.path.join(assets, SETTINGS_ASSET)
         with open(settings_file, "w") as file:
-            json.dump(_settings(translator, max_request_tokens), file, indent=2)
-        module = _serving_module(translator, subword_file, settings_file, max_request_tokens)
+            json.dump(_settings(translator, max_request_tokens, max_request_rows), file, indent=2)
+        module = _serving_module(translator, subword_file, settings_file, max_request_tokens, max_request_rows)
         tf.saved_model.save(
             module,
             path,
@@ -155,12 +161,13 @@ def _write_saved_model(translator, path, max_request_tokens):
         )
 
 
-def _settings(translator, max_request_tokens):
+def _settings(translator, max_request_tokens, max_request_rows):
     tokenizer = translator.tokenizer
     return {
         **translator.get_config(),
         "max_source_bytes": max_source_bytes(translator),
         "max_request_tokens": max_request_tokens,
+        "max_request_rows": max_request_rows,
         "vocabulary_size": tokenizer.vocabulary_size,
         "padding_id": tokenizer.padding_id,
         "bos_id": tokenizer.bos_id,
@@ -205,7 +212,7 @@ def max_source_bytes(translator):
     return 2 * translator.max_source_length * longest
 
 
-def _serving_module(translator, subword_file, settings_file, max_request_tokens):
+def _serving_module(translator, subword_file, settings_file, max_request_tokens, max_request_rows):
     """A `tf.Module` holding the weights, the tokenizer and both functions."""
     model = translator.model
     tokenizer = translator.tokenizer
@@ -256,7 +263,16 @@ def _serving_module(translator, subword_file, settings_file, max_request_tokens)
                 "requests. Received:"
             ),
         )
-        with tf.control_dependencies([within_budget]):
+        within_rows = tf.debugging.assert_less_equal(
+            count,
+            max_request_rows,
+            message=(
+                f"The request holds more texts than this export decodes at once: "
+                f"max_request_rows={max_request_rows} texts that are not empty. Split it into "
+                "smaller requests. Received:"
+            ),
+        )
+        with tf.control_dependencies([within_budget, within_rows]):
             longest = tf.identity(longest)
         # The Translator's source buckets, so both decode the same shapes.
         width = tf.gather(source_lengths, tf.searchsorted(source_lengths, [longest]))[0]
@@ -330,13 +346,14 @@ def _serving_module(translator, subword_file, settings_file, max_request_tokens)
     return module
 
 
-def _export_in_tensorflow_process(translator, path, max_request_tokens):
+def _export_in_tensorflow_process(translator, path, max_request_tokens, max_request_rows):
     with tempfile.TemporaryDirectory() as saved:
         translator.save(saved)
         command = [
             sys.executable, "-m", "keras_transformer", "export",
             "--model-dir", saved, "--output", os.path.abspath(path),
             "--max-request-tokens", str(max_request_tokens),
+            "--max-request-rows", str(max_request_rows),
         ]  # fmt: skip
         environment = {**os.environ, "KERAS_BACKEND": "tensorflow"}
         result = subprocess.run(command, env=environment, capture_output=True, text=True)
@@ -347,7 +364,9 @@ def _export_in_tensorflow_process(translator, path, max_request_tokens):
         )
 
 
-def export_new_version(translator, name, base_dir="saved_models", max_request_tokens=None):
+def export_new_version(
+    translator, name, base_dir="saved_models", max_request_tokens=None, max_request_rows=DEFAULT_MAX_REQUEST_ROWS
+):
     """Exports into TF Serving's layout, `<base_dir>/<name>/<version>/`.
 
     The version is one more than the highest existing one (1 for the first
@@ -358,7 +377,7 @@ def export_new_version(translator, name, base_dir="saved_models", max_request_to
     next export on this machine removes, while the folder of an export still
     running is left alone.
 
-    `max_request_tokens` is `export_saved_model`'s.
+    `max_request_tokens` and `max_request_rows` are `export_saved_model`'s.
 
     Returns:
         The new version's directory.
@@ -374,7 +393,7 @@ def export_new_version(translator, name, base_dir="saved_models", max_request_to
     partial = tempfile.mkdtemp(prefix=f"{PARTIAL_PREFIX}{os.getpid()}-", dir=model_base)
     try:
         shutil.rmtree(partial)
-        export_saved_model(translator, partial, max_request_tokens)
+        export_saved_model(translator, partial, max_request_tokens, max_request_rows)
         while True:
             target = os.path.join(model_base, str(_latest_version(model_base) + 1))
             try:

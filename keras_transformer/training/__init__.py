@@ -19,6 +19,7 @@ from keras_transformer.training.trainer import StopAtStep
 from keras_transformer.training.trainer import StopOnNonFiniteLoss
 from keras_transformer.training.trainer import compile_model
 from keras_transformer.training.trainer import fit
+from keras_transformer.training.trainer import use_compilation_cache
 
 __all__ = [
     "Distribution",
@@ -34,4 +35,5 @@ __all__ = [
     "list_checkpoints",
     "restore_latest",
     "train_translator",
+    "use_compilation_cache",
 ]

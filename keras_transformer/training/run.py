@@ -46,6 +46,7 @@ from keras_transformer.training.progress import ValidationBLEU
 from keras_transformer.training.progress import format_duration
 from keras_transformer.training.trainer import compile_model
 from keras_transformer.training.trainer import fit
+from keras_transformer.training.trainer import use_compilation_cache
 
 from keras_transformer.training.config import CONFIG_FILE
 from keras_transformer.training.config import HISTORY_FILE
@@ -145,6 +146,7 @@ def train_translator(config, resume=False, log=print, verbose=0):
 
     distribution = Distribution()
     log(f"{distribution}")
+    use_compilation_cache()
     train_data = TokenBatches(
         train, config.tokens_per_batch, max_length=config.max_tokens,
         bucket_step=config.bucket_step, buckets=config.buckets, repeat=True, seed=config.seed,

@@ -64,6 +64,30 @@ def compile_model(
     return model
 
 
+def use_compilation_cache(directory=None):
+    """Keeps XLA's compiled train and test steps on disk under JAX, so that a
+    run repeated, resumed or run with another seed compiles nothing that an
+    earlier one compiled (one program per batch shape).
+
+    Args:
+        directory: where; None: JAX's own `JAX_COMPILATION_CACHE_DIR` if set,
+            else `$XDG_CACHE_HOME/keras-transformer/jax` (`~/.cache/...`).
+
+    Returns:
+        The cache directory, or None under another backend.
+    """
+    if keras.backend.backend() != "jax":
+        return None
+    import jax
+
+    directory = directory or jax.config.jax_compilation_cache_dir or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser(os.path.join("~", ".cache")),
+        "keras-transformer", "jax",
+    )
+    jax.config.update("jax_compilation_cache_dir", os.fspath(directory))
+    return directory
+
+
 class StopOnNonFiniteLoss(keras.callbacks.Callback):
     """Stops training when the loss is NaN or infinite, naming the step."""
 
