@@ -171,6 +171,7 @@ def test_bad_rows_get_per_row_results(served, translator):
     assert translations == [] and scores.shape == (0,)
 
 
+@in_one_pass("tensorflow", "the export's graph bounds a request whatever backend trained the model")
 def test_a_request_costs_at_most_its_bounds(exported, served, translator):
     with open(os.path.join(exported, "assets", "translator.json")) as file:
         settings = json.load(file)
