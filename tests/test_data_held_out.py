@@ -17,6 +17,7 @@ def test_the_same_pairs_are_held_out_for_a_seed_and_about_the_fraction():
     np.testing.assert_array_equal(held[1000:2000], is_held_out(indices[1000:2000], 0.1, seed=0))
     assert (held != is_held_out(indices, 0.1, seed=1)).any()
     assert not (is_held_out(indices, 0.05, seed=0) & ~held).any()  # a smaller fraction, a subset
+    assert not is_held_out(indices, 1e-9, seed=0).any()  # no index, not even 0, is held out by every fraction
 
 
 def test_prepare_holds_out_the_same_pairs_whatever_the_chunks(tmp_path):

@@ -1,6 +1,7 @@
 """`keras-transformer train`: parallel files in, a translator directory out;
 errors before training; resumption after kill -9; the Multi30k recipe."""
 
+import dataclasses
 import io
 import json
 import os
@@ -440,6 +441,16 @@ def test_validation_pairs_held_out_of_the_training_files(files, tmp_path):
     assert 10 <= len(held) <= 50  # about 30 of 300
     assert f"train: {300 - len(held)} pairs" in result.stdout and f"valid (held out): {len(held)} pairs" in result.stdout
     assert TrainingConfig.load(tmp_path / "run").valid_fraction == 0.1
+    # A new run in a folder prepared with another fraction, or other files, prepares again.
+    from keras_transformer.training.run import _prepared_for
+
+    config = TrainingConfig.load(tmp_path / "run")
+    assert _prepared_for(config, tmp_path / "run" / "data")
+    assert not _prepared_for(dataclasses.replace(config, valid_fraction=0.2), tmp_path / "run" / "data")
+    assert not _prepared_for(dataclasses.replace(config, train_source=[str(files / "valid.en")]), tmp_path / "run" / "data")
+    arguments[arguments.index("--valid-fraction") + 1] = "1e-9"
+    arguments[arguments.index("--model-dir") + 1] = str(tmp_path / "none")
+    assert "valid_fraction=1e-09 held out no pair of the training text" in cli_error(*arguments)
 
 
 def test_a_partial_configuration_file_is_merged_with_the_options(files, tmp_path, monkeypatch):

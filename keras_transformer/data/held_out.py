@@ -23,7 +23,9 @@ def is_held_out(indices, fraction, seed):
     """bool `[n]`: which pair indices are held out (splitmix64 of seed and
     index, compared with the fraction)."""
     with np.errstate(over="ignore"):  # the hash multiplies modulo 2**64
-        x = np.asarray(indices, np.uint64) + np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15)
+        # Index + 1: splitmix64 maps 0 to 0, which every fraction would hold out.
+        x = (np.asarray(indices, np.uint64) + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15)
+        x = x + np.uint64(seed) * np.uint64(0xD1B54A32D192ED03)
         x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         x = x ^ (x >> np.uint64(31))

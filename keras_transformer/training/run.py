@@ -25,8 +25,10 @@ import keras
 from keras_transformer.data import held_out
 from keras_transformer.data.batches import TokenBatches
 from keras_transformer.data.corpus import concatenate
+from keras_transformer.data.corpus import read_json_object
 from keras_transformer.data.corpus import read_parallel_text
 from keras_transformer.data.pipeline import make_dataset
+from keras_transformer.data.prepared import MANIFEST_FILE
 from keras_transformer.data.prepared import is_prepared
 from keras_transformer.data.prepared import load_prepared
 from keras_transformer.data.prepared import prepare_dataset
@@ -253,7 +255,25 @@ def _validation_pairs(config):
         return read_corpus(config.valid_source, config.valid_target, "valid")[: config.valid_pairs]
     where = os.path.join(config.model_dir, PREPARED_DIR)
     held = [os.path.join(where, name) for name in (held_out.SOURCE_FILE, held_out.TARGET_FILE)]
-    return read_corpus([held[0]], [held[1]], "valid (held out)")[: config.valid_pairs]
+    valid = read_corpus([held[0]], [held[1]], "valid (held out)")[: config.valid_pairs]
+    if not len(valid):
+        raise ValueError(
+            f"valid_fraction={config.valid_fraction} held out no pair of the training text "
+            f"(see {held[0]}); give a larger fraction, or validation files."
+        )
+    return valid
+
+
+def _prepared_for(config, where):
+    """Whether `where` holds this configuration's text, prepared with its
+    held-out fraction (a new run into the folder may have changed either)."""
+    if not is_prepared(where):
+        return False
+    manifest = read_json_object(os.path.join(where, MANIFEST_FILE))
+    files = [(entry.get("source"), entry.get("target")) for entry in manifest.get("files", [])]
+    return files == list(zip(config.train_source, config.train_target)) and (
+        manifest.get("held_out") or {}
+    ).get("fraction") == config.valid_fraction
 
 
 def _training_pairs(config, tokenizer, log):
@@ -264,7 +284,7 @@ def _training_pairs(config, tokenizer, log):
         where = config.train_data
     else:
         where = os.path.join(config.model_dir, PREPARED_DIR)
-        if is_prepared(where):
+        if _prepared_for(config, where):
             pairs = load_prepared(where, tokenizer)
         else:
             start = time.time()
