@@ -122,12 +122,11 @@ def measure(translator, label, work):
     """Exports `translator` and serves each scenario from a fresh process;
     prints a table row each."""
     from keras_transformer.export import export_saved_model
-    from keras_transformer.export.saved_model import DEFAULT_MAX_REQUEST_ROWS
     from keras_transformer.export.saved_model import max_source_bytes
-    from keras_transformer.export.saved_model import request_budget
+    from keras_transformer.export.saved_model import request_bounds
 
-    budget = request_budget(translator)
-    requests = requests_for(translator, budget, DEFAULT_MAX_REQUEST_ROWS)
+    budget, max_rows = request_bounds(translator)  # the export's defaults
+    requests = requests_for(translator, budget, max_rows)
     folder = os.path.join(work, re.sub(r"\W+", "_", label))
     saved_model = export_saved_model(translator, os.path.join(folder, "1"))
     texts_file = os.path.join(folder, "texts.json")
@@ -135,7 +134,7 @@ def measure(translator, label, work):
         json.dump(requests, file)
     print(f"\n{label}: beam {translator.beam_size}, max_source_length {translator.max_source_length}, "
           f"max_extra_length {translator.max_extra_length}, max_request_tokens {budget}, "
-          f"max_request_rows {DEFAULT_MAX_REQUEST_ROWS}, "
+          f"max_request_rows {max_rows}, "
           f"max_source_bytes {max_source_bytes(translator)}")
     print("| request | texts x bytes | latency (s) | resident after warm-up (MiB) "
           "| peak growth (MiB) | result | latency / memory over full rows |")

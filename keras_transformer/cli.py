@@ -147,14 +147,10 @@ def export(args):
         ) from None
     from keras_transformer.export import export_new_version
     from keras_transformer.export import export_saved_model
-    from keras_transformer.export.saved_model import DEFAULT_MAX_REQUEST_ROWS
-    from keras_transformer.export.saved_model import request_budget
+    from keras_transformer.export.saved_model import request_bounds
 
     translator = _load_translator(args)
-    limit = args.max_request_tokens
-    if limit is None:
-        limit = request_budget(translator)
-    rows = DEFAULT_MAX_REQUEST_ROWS if args.max_request_rows is None else args.max_request_rows
+    limit, rows = request_bounds(translator, args.max_request_tokens, args.max_request_rows)
     if args.output:
         path = export_saved_model(translator, args.output, limit, rows)
     else:

@@ -173,9 +173,9 @@ class TokenBatches(keras.utils.PyDataset):
             self.lengths = np.array(bucket_lengths(max_length, step=bucket_step), np.int64)
         else:
             histogram = _length_histogram(pairs, max_length)
-            if not histogram.any():  # all too long: `_buckets` says so below
-                histogram[max_length] = 1
-            self.lengths = np.array(fitted_bucket_lengths(histogram, buckets), np.int64)
+            # Every pair too long: `_buckets` says so below.
+            fitted = fitted_bucket_lengths(histogram, buckets) if histogram.any() else [max_length]
+            self.lengths = np.array(fitted, np.int64)
         self.batch_sizes = np.array(
             [max(batch_multiple, tokens_per_batch // n // batch_multiple * batch_multiple) for n in self.lengths]
         )

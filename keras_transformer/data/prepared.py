@@ -380,7 +380,7 @@ def prepare_dataset(
     if held_out is not None:
         manifest["held_out"] = held_out.summary()
     write_atomically(manifest_path, json.dumps(manifest, indent=2) + "\n")
-    return load_prepared(directory, tokenizer)
+    return _map_prepared(directory, tokenizer)  # just written: in the page cache already
 
 
 def _write_chunk(pairs, tokenizer, dtype, files, totals):
@@ -410,11 +410,18 @@ def is_prepared(directory):
 
 def load_prepared(directory, tokenizer=None):
     """Maps a prepared dataset; with `tokenizer`, checks it made the ids.
+    Its ids files are read ahead (`TokenizedPairs.read_ahead`).
 
     Returns:
         `TokenizedPairs` of read-only arrays over memory maps, with its
         `manifest`.
     """
+    prepared = _map_prepared(directory, tokenizer)
+    prepared.read_ahead()
+    return prepared
+
+
+def _map_prepared(directory, tokenizer):
     manifest_path = os.path.join(directory, MANIFEST_FILE)
     if not os.path.isfile(manifest_path):
         raise FileNotFoundError(
@@ -451,8 +458,6 @@ def load_prepared(directory, tokenizer=None):
             files[f"{side}.{part}"] = os.open(path, os.O_RDONLY)
             mappings.append(mmap.mmap(files[f"{side}.{part}"], 0, access=mmap.ACCESS_READ))
             arrays[f"{side}_{part}"] = np.frombuffer(mappings[-1], dtypes[part])
-    prepared = TokenizedPairs(
+    return TokenizedPairs(
         **arrays, vocabulary_size=manifest["vocabulary_size"], manifest=manifest, mappings=mappings, files=files
     )
-    prepared.read_ahead()
-    return prepared

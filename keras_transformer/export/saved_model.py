@@ -47,7 +47,16 @@ _BLANK = r"[\s\x{0B}\x{1C}-\x{1F}\x{85}\p{Z}]*"
 def request_budget(translator, rows=DEFAULT_REQUEST_ROWS):
     """The cost of `rows` full rows: rows x (max_source_length +
     max_extra_length) tokens decoded per beam."""
-    return rows * (translator.max_source_length + translator.max_extra_length)
+    return request_cost(rows, translator.max_source_length, translator.max_extra_length)
+
+
+def request_bounds(translator, max_request_tokens=None, max_request_rows=None):
+    """`(max_request_tokens, max_request_rows)`, None taking the default:
+    what `DEFAULT_REQUEST_ROWS` full rows cost, and `DEFAULT_MAX_REQUEST_ROWS`."""
+    return (
+        request_budget(translator) if max_request_tokens is None else max_request_tokens,
+        DEFAULT_MAX_REQUEST_ROWS if max_request_rows is None else max_request_rows,
+    )
 
 
 def request_cost(rows, longest, max_extra_length):
@@ -59,7 +68,7 @@ def request_cost(rows, longest, max_extra_length):
     return rows * (longest + max_extra_length)
 
 
-def export_saved_model(translator, path, max_request_tokens=None, max_request_rows=DEFAULT_MAX_REQUEST_ROWS):
+def export_saved_model(translator, path, max_request_tokens=None, max_request_rows=None):
     """Writes `translator` as a SavedModel that TF Serving can load.
 
     Signatures:
@@ -109,15 +118,15 @@ def export_saved_model(translator, path, max_request_tokens=None, max_request_ro
         max_request_tokens: the most a request may cost, in tokens per
             beam; None: what `DEFAULT_REQUEST_ROWS` (32) full rows cost
             (`request_budget`: 32 x (256 + 50) = 9,792 by default).
-        max_request_rows: the most texts a request may hold (64).
+        max_request_rows: the most texts a request may hold; None:
+            `DEFAULT_MAX_REQUEST_ROWS` (64).
 
     Returns:
         `path`.
     """
     path = os.fspath(path)
     one_row = request_budget(translator, rows=1)
-    if max_request_tokens is None:
-        max_request_tokens = request_budget(translator)
+    max_request_tokens, max_request_rows = request_bounds(translator, max_request_tokens, max_request_rows)
     if isinstance(max_request_rows, bool) or not isinstance(max_request_rows, int) or max_request_rows < 1:
         raise ValueError(f"max_request_rows must be an integer >= 1. Received: max_request_rows={max_request_rows!r}")
     if (
@@ -364,9 +373,7 @@ def _export_in_tensorflow_process(translator, path, max_request_tokens, max_requ
         )
 
 
-def export_new_version(
-    translator, name, base_dir="saved_models", max_request_tokens=None, max_request_rows=DEFAULT_MAX_REQUEST_ROWS
-):
+def export_new_version(translator, name, base_dir="saved_models", max_request_tokens=None, max_request_rows=None):
     """Exports into TF Serving's layout, `<base_dir>/<name>/<version>/`.
 
     The version is one more than the highest existing one (1 for the first
