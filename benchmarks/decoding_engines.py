@@ -53,6 +53,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras  # noqa: E402
 import keras_hub  # noqa: E402
 import numpy as np  # noqa: E402
+from marian_peer import MARIAN_EOS  # noqa: E402
+from marian_peer import MARIAN_UNK  # noqa: E402
+from marian_peer import marian_source  # noqa: E402
+from marian_peer import marian_tokens  # noqa: E402
+from marian_peer import random_marian  # noqa: E402
+from marian_peer import transformers_contender  # noqa: E402
 from decoding import (  # noqa: E402
     BOS,
     NEVER,
@@ -120,76 +126,6 @@ def keras_hub_contender(model, hub_decoder, sampler, output_length, jit_compile)
 
 
 # transformers and CTranslate2 ---------------------------------------------------
-
-MARIAN_EOS, MARIAN_UNK = 0, 1
-
-
-def marian_tokens(vocabulary_size):
-    """Marian's vocabulary layout: EOS first, UNK, then words, PAD last."""
-    words = [f"w{i}" for i in range(2, vocabulary_size - 1)]
-    return ["</s>", "<unk>"] + words + ["<pad>"]
-
-
-def random_marian(config):
-    """A `MarianMTModel` of the preset's size (post-LN, ReLU, sinusoids,
-    scaled and shared embeddings, as ours), with transformers' random
-    initialisation."""
-    import transformers
-
-    vocabulary_size = config["vocabulary_size"]
-    marian_config = transformers.MarianConfig(
-        vocab_size=vocabulary_size,
-        d_model=config["d_model"],
-        encoder_layers=config["num_layers"],
-        decoder_layers=config["num_layers"],
-        encoder_attention_heads=config["num_heads"],
-        decoder_attention_heads=config["num_heads"],
-        encoder_ffn_dim=config["d_ff"],
-        decoder_ffn_dim=config["d_ff"],
-        activation_function="relu",
-        max_position_embeddings=512,
-        scale_embedding=True,
-        share_encoder_decoder_embeddings=True,
-        tie_word_embeddings=True,
-        eos_token_id=MARIAN_EOS,
-        pad_token_id=vocabulary_size - 1,
-        decoder_start_token_id=vocabulary_size - 1,
-    )
-    return transformers.MarianMTModel(marian_config).eval()
-
-
-def transformers_contender(marian, beam_size, output_length):
-    import torch
-
-    def prepare(source_ids):
-        input_ids = torch.from_numpy(marian_source(source_ids)).long()
-        attention_mask = torch.ones_like(input_ids)
-
-        def decode():
-            with torch.inference_mode():
-                output = marian.generate(
-                    input_ids=input_ids,
-                    attention_mask=attention_mask,
-                    num_beams=beam_size,
-                    do_sample=False,
-                    max_new_tokens=output_length,
-                    min_new_tokens=output_length,
-                    **({"length_penalty": ALPHA} if beam_size > 1 else {}),
-                )
-            # The first position is the decoder's start token.
-            return list(np.count_nonzero(output[:, 1:].numpy() != marian.config.pad_token_id, axis=1))
-
-        return decode
-
-    return prepare
-
-
-def marian_source(source_ids):
-    """Our source ids (words, then EOS) as Marian's: the same words, Marian's EOS."""
-    marian = source_ids.copy()
-    marian[:, -1] = MARIAN_EOS
-    return marian
-
 
 class _Vocabulary:
     """What CTranslate2's Marian loader reads of a tokenizer."""
@@ -329,7 +265,7 @@ def contenders(preset, config, args, directory, ctranslate2_processes):
         )
         if "transformers" in args.peers:
             found[named("transformers generate", search)] = (
-                search, "float32", transformers_contender(marian, beam_size, length)
+                search, "float32", transformers_contender(marian, beam_size, length, ALPHA)
             )
     if "ctranslate2" in args.peers:
         for precision in args.precisions:

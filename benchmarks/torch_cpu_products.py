@@ -6,7 +6,7 @@ steps, alternating in one run.
 
 The package's layers compute their products with oneDNN under torch on the
 CPU, except on an Intel CPU under a torch built with MKL
-(`keras_transformer/torch_products.py`, `onednn_preferred`). This script
+(`keras_transformer/backend/products.py`, `onednn_preferred`). This script
 measures what that rule rests on, on this machine: for each product, the
 rate of both (2 M K N flops per product, median of `--rounds` turns of about
 `--seconds` each) and `matmul / oneDNN`, the speed of torch's product over
@@ -28,7 +28,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import torch  # noqa: E402
 
 from keras_transformer import environment  # noqa: E402
-from keras_transformer import torch_products  # noqa: E402
+from keras_transformer.backend import products as torch_products  # noqa: E402
 
 # (name, d_model, d_ff, vocabulary, training tokens per step) of the presets
 # the benchmarks train and decode.

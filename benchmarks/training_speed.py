@@ -432,12 +432,12 @@ def torch_matmul_rate(precision, size, repeats):
 
 def onednn_matmul_rate(size, repeats):
     """The float32 rate of torch's oneDNN linear operation on the CPU, which
-    the package's layers use under torch (keras_transformer/torch_products.py),
+    the package's layers use under torch (keras_transformer/backend/products.py),
     or None where torch or that operation is missing."""
     try:
         import torch
 
-        from keras_transformer import torch_products
+        from keras_transformer.backend import products as torch_products
     except ImportError:
         return None
     linear = torch_products.onednn_linear()

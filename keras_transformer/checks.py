@@ -19,6 +19,8 @@ import types
 import keras
 import numpy as np
 
+from keras_transformer.backend import keras_private
+
 
 def check_count(name, value, least=1):
     """`value` must be a whole number (an int, or a float with no fraction)
@@ -300,11 +302,7 @@ def _inferring_shapes():
     shapes (`compute_output_spec`). They have the data's shapes but not
     always its type: under tf.distribute, Keras builds from the replicas'
     mean, a float batch."""
-    try:
-        from keras.src.backend.common.symbolic_scope import in_symbolic_scope
-    except ImportError:  # a Keras that moved it: check the placeholders too
-        return False
-    return in_symbolic_scope()
+    return keras_private.in_symbolic_scope()
 
 
 def check_model_data(x, vocabulary_size):
@@ -337,8 +335,8 @@ def check_model_data(x, vocabulary_size):
 
 # === Under JAX: ids checked on the host, before the compiled steps ===
 # Inside `jax.jit` the check above is a host callback, a round trip from the
-# device to Python in every step: on a GPU it cut training speed to a third
-# (benchmarks/README.md). So under JAX, `fit`, `evaluate` and `predict` check
+# device to Python in every step, which on a GPU cut training speed to a
+# third. So under JAX, `fit`, `evaluate` and `predict` check
 # the ids on the host as the data arrives, and trace their steps without the
 # callback. Data that cannot be checked there (a `PyDataset`, for one) keeps
 # the callback.

@@ -29,6 +29,7 @@ from keras_transformer.data.corpus import decode_lines
 from keras_transformer.data.corpus import read_lines
 from keras_transformer.files import CannotWrite
 from keras_transformer.files import write_atomically
+from keras_transformer.models.config import ModelConfig
 
 
 def _add_search_arguments(parser):
@@ -188,17 +189,14 @@ def _add_train_arguments(parser):
     files.add_argument("--max-tokens", type=int, help=f"longest training sequence in subword tokens (default {defaults.max_tokens})")
     model = parser.add_argument_group("model")
     model.add_argument("--preset", help=f"a preset of build_transformer (default {defaults.preset})")
-    model.add_argument("--num-layers", type=int, help="blocks in each stack")
-    model.add_argument("--d-model", type=int, help="model width")
-    model.add_argument("--d-ff", type=int, help="feed-forward inner width")
-    model.add_argument("--num-heads", type=int, help="attention heads")
-    model.add_argument("--dropout", type=float, help="P_drop")
-    model.add_argument("--attention-dropout", type=float, help="dropout on attention weights")
-    model.add_argument("--key-dim", type=int, help="d_k, per head (default d_model / num_heads; Table 3 A, B)")
-    model.add_argument("--value-dim", type=int, help="d_v, per head (default key_dim)")
-    model.add_argument("--position-encoding", choices=["sinusoidal", "learned"], help="Table 3 E (default sinusoidal)")
-    model.add_argument("--max-length", type=int, help="positions learned with --position-encoding learned (default max_tokens + max_extra_length)")
-    model.add_argument("--attention-window", type=int, help="restricted self-attention: keys at most this many positions away (section 4)")
+    for name, help_text, field in ModelConfig.flags():
+        flag = "--" + name.replace("_", "-")
+        if field.get("boolean"):
+            model.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)
+        elif field.get("choices"):
+            model.add_argument(flag, choices=field["choices"], help=help_text)
+        else:
+            model.add_argument(flag, type=int if field["least"] is not None else float, help=help_text)
     model.add_argument("--dtype", choices=["float32", "mixed_bfloat16", "mixed_float16"], help="precision (default float32)")
     optimization = parser.add_argument_group("training")
     optimization.add_argument("--tokens-per-batch", type=int, help=f"padded tokens per side per batch (default {defaults.tokens_per_batch})")
@@ -221,10 +219,7 @@ def _add_train_arguments(parser):
     search.add_argument("--max-extra-length", type=int, help=f"(default {defaults.max_extra_length})")
 
 
-MODEL_FIELDS = (
-    "num_layers", "d_model", "d_ff", "num_heads", "dropout", "attention_dropout",
-    "key_dim", "value_dim", "position_encoding", "max_length", "attention_window",
-)
+MODEL_FIELDS = tuple(name for name, _, _ in ModelConfig.flags())
 
 
 def training_config(args):

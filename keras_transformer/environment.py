@@ -32,10 +32,6 @@ environment's log level nor stderr; only the command line
 (`keras-transformer`, `python -m keras_transformer`) and scripts that set
 `KERAS_TRANSFORMER_QUIET=1` before importing it, such as the recipes, are
 quiet.
-
-`replace_in_modules` rebinds a function of Keras's wherever Keras's modules
-hold it: the modules that swap in faster versions for one backend
-(`decoding/compiled.py`, `torch_products.py`) use it.
 """
 
 import atexit
@@ -161,17 +157,6 @@ M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
 # Free memory at the top of the heap that is kept for the next step's
 # tensors rather than given back to the OS.
 KEPT_FREE_BYTES = 1 << 30
-
-def replace_in_modules(prefix, original, replacement):
-    """Rebinds every module attribute that is `original`, in the modules
-    whose names start with `prefix` (a string, or a tuple of them)."""
-    for name, module in list(sys.modules.items()):
-        if not name.startswith(prefix) or module is None:
-            continue
-        for attribute, value in list(vars(module).items()):
-            if value is original:
-                setattr(module, attribute, replacement)
-
 
 _heap_only = False
 

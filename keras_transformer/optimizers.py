@@ -2,6 +2,7 @@
 
 import keras
 
+from keras_transformer.backend import keras_private
 from keras_transformer.schedules import TransformerSchedule
 
 
@@ -33,10 +34,9 @@ class Adam(keras.optimizers.Adam):
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
         if keras.backend.backend() == "torch":
             import torch
-            from keras.src.backend.torch.optimizers import torch_adam
 
             with torch.no_grad():
-                torch_adam.Adam._parallel_update_step(self, grads, trainable_variables, learning_rate)
+                keras_private.torch_parallel_adam_update(self, grads, trainable_variables, learning_rate)
             return
         super()._backend_update_step(grads, trainable_variables, learning_rate)
 

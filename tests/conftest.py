@@ -91,3 +91,19 @@ def assert_cached_decoding_matches(model, batch):
             batch["target_ids"][:, index : index + 1], cache, index, encoder_padding_mask
         )
         np.testing.assert_allclose(to_numpy(step_logits)[:, 0], logits[:, index], atol=1e-5)
+
+
+@pytest.fixture(scope="session")
+def translation_tokenizer():
+    """The decoding tests' tokenizer (translation_fixtures.py)."""
+    import translation_fixtures
+
+    return translation_fixtures.make_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def translation_model(translation_tokenizer):
+    """The decoding tests' untrained tiny model (translation_fixtures.py)."""
+    import translation_fixtures
+
+    return translation_fixtures.make_model(translation_tokenizer)

@@ -1,4 +1,4 @@
-"""Dropout drawn from seeded streams (layers/dropout.py, torch_random.py)."""
+"""Dropout drawn from seeded streams (layers/dropout.py, backend/random.py)."""
 
 import keras
 import numpy as np
@@ -7,7 +7,7 @@ from conftest import to_numpy
 
 import keras_transformer as kt
 from keras_transformer import layers
-from keras_transformer import torch_random
+from keras_transformer.backend import random as backend_random
 
 
 def _inputs():
@@ -75,7 +75,7 @@ def test_under_torch_the_streams_live_on_the_host_whatever_the_default_device():
     # A seed drawn on the host advances the stream as Keras's draw does.
     keras_s = keras.random.SeedGenerator(3)
     keras_seed = keras.src.backend.torch.random.torch_seed_generator(keras_s).initial_seed()
-    assert torch_random.next_seed(dropout.seed_generator) == keras_seed
+    assert backend_random.next_seed(dropout.seed_generator) == keras_seed
     np.testing.assert_array_equal(to_numpy(dropout.seed_generator.state), to_numpy(keras_s.state))
     assert dropout.seed_generator.state.value.device == torch.device("cpu")
 

@@ -13,11 +13,7 @@ import pytest
 import tensorflow as tf
 from conftest import to_numpy, in_one_pass
 
-# The Translator tests' tokenizer and tiny model, whose outputs end at
-# different steps.
-from test_translator import SENTENCES
-from test_translator import model  # noqa: F401  (a fixture)
-from test_translator import tokenizer  # noqa: F401  (a fixture)
+from translation_fixtures import SENTENCES
 
 import keras_transformer as kt
 from keras_transformer import cli
@@ -36,8 +32,15 @@ pytestmark = pytest.mark.filterwarnings("ignore:Line .* subword tokens, more tha
 
 
 @pytest.fixture(scope="module")
-def translator(model, tokenizer):  # noqa: F811
-    return kt.Translator(model, tokenizer, **SETTINGS)
+def translator(translation_model, translation_tokenizer):
+    """The decoding tests' tiny model (translation_fixtures.py), whose
+    outputs end at different steps."""
+    return kt.Translator(translation_model, translation_tokenizer, **SETTINGS)
+
+
+@pytest.fixture
+def tokenizer(translation_tokenizer):
+    return translation_tokenizer
 
 
 # Room for 8 full rows of max_source_length=24 tokens.
@@ -127,7 +130,7 @@ def test_the_folder_is_self_contained_with_the_vocabulary_as_an_asset(
     assert translations == translator.translate(SENTENCES[:2])
 
 
-def test_the_ids_signature_returns_the_searched_ids(served, translator, tokenizer):  # noqa: F811
+def test_the_ids_signature_returns_the_searched_ids(served, translator, tokenizer):
     sentences = [s for s in SENTENCES if s.strip()]
     rows = tokenizer.tokenize(sentences)
     source_ids = np.zeros((len(rows) + 1, max(map(len, rows))), "int32")  # and one empty row
@@ -244,7 +247,7 @@ def test_a_predict_request_round_trips_through_the_signature(served, translator)
     assert tf.make_ndarray(answered.outputs["score"]).dtype == np.float32
 
 
-def trained_for_a_few_steps(tokenizer, **options):  # noqa: F811
+def trained_for_a_few_steps(tokenizer, **options):
     """A tiny model after 4 optimizer steps under the current backend."""
     model = kt.build_transformer("tiny", vocabulary_size=tokenizer.vocabulary_size, **options)
     kt.training.compile_model(model, warmup_steps=4)
@@ -268,7 +271,7 @@ TABLE3_OPTIONS = {"key_dim": 8, "value_dim": 24, "position_encoding": "learned",
     {},
     pytest.param(TABLE3_OPTIONS, marks=in_one_pass("tensorflow", "Table 3's layers' export; each backend's export is the default's")),
 ], ids=["default", "table3_options"])  # fmt: skip
-def test_a_model_trained_under_this_backend_serves_as_tensorflow_translates_it(tokenizer, tmp_path, options):  # noqa: F811
+def test_a_model_trained_under_this_backend_serves_as_tensorflow_translates_it(tokenizer, tmp_path, options):
     model = trained_for_a_few_steps(tokenizer, **options)
     translator = kt.Translator(model, tokenizer, **SETTINGS)
     path = export_saved_model(translator, tmp_path / "export")

@@ -192,14 +192,14 @@ PRODUCTS = ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum")
 def test_tensorflow_without_xla_decodes_int8_products_as_float_products(model, tokenizer):
     """TensorFlow's int8 by int8 `matmul` is 4-5 times slower than its
     float32 one on this CPU; so the decoding function traced without XLA
-    multiplies the int8 values as float32 (decoding/compiled.py). That the
-    results are Keras's int8 ones is `test_translator.py`'s compiled-against-
+    multiplies the int8 values as float32 (backend/products.py). That the
+    results are Keras's int8 ones is `test_compiled.py`'s compiled-against-
     eager test; here, that no product in the traced graph takes int8."""
     if keras.backend.backend() != "tensorflow":
         pytest.skip(
             "TensorFlow only: JAX and torch trace no TensorFlow graph; torch's "
-            "int8 products: test_translator.py::"
-            "test_int8_products_while_decoding_directly_equal_keras"
+            "int8 products: test_backend_products.py::"
+            "test_int8_products_while_decoding_equal_keras"
         )
     import tensorflow as tf
 
@@ -269,16 +269,16 @@ def traced_int8_product_rows(compiled, *inputs):
 
 def test_under_xla_single_int8_rows_are_multiplied_beside_a_row_of_zeros():
     """XLA:CPU multiplies one int8 row several times slower than two
-    (decoding/compiled.py): a function compiled by XLA multiplies a single
-    int8 row beside a row of zeros, in `matmul`, in a matrix-product
-    `einsum` and in a rows-by-rows one, and leaves products of several rows
-    as they are. The int32
-    sums must be Keras's own."""
+    (backend/products.py): in a function compiled by XLA, our int8 products
+    multiply a single int8 row beside a row of zeros, as a matrix product,
+    a matrix-product einsum and a rows-by-rows one, and leave products of
+    several rows as they are. The int32 sums must be Keras's own."""
     if keras.backend.backend() == "torch":
         pytest.skip(
             "No XLA under torch: its int8 products are torch._int_mm "
-            "(test_translator.py::test_int8_products_while_decoding_directly_equal_keras)"
+            "(test_backend_products.py::test_int8_products_while_decoding_equal_keras)"
         )
+    from keras_transformer.backend import products as backend_products
     from keras_transformer.decoding.compiled import CompiledFunction
 
     rng = np.random.default_rng(0)
@@ -286,27 +286,34 @@ def test_under_xla_single_int8_rows_are_multiplied_beside_a_row_of_zeros():
     head_kernel = keras.ops.convert_to_tensor(rng.integers(-127, 128, (64, 4, 24)).astype("int8"))
     embeddings = keras.ops.convert_to_tensor(rng.integers(-127, 128, (96, 64)).astype("int8"))
 
-    def products(x):
+    def products(x, ours=True):
         x = keras.ops.cast(x, "int8")
         row = x[:1]
+        if not ours:
+            return [
+                keras.ops.matmul(row, kernel),
+                keras.ops.einsum("btd,dnh->btnh", row[:, None], head_kernel),
+                keras.ops.einsum("td,vd->tv", row, embeddings),
+                keras.ops.matmul(x, kernel),
+            ]
         return [
-            keras.ops.matmul(row, kernel),
-            keras.ops.einsum("btd,dnh->btnh", row[:, None], head_kernel),
-            keras.ops.einsum("td,vd->tv", row, embeddings),  # our int8 logits' form
-            keras.ops.matmul(x, kernel),  # 5 rows: as they are
+            backend_products.int8_product(row, kernel, 1),
+            backend_products.int8_product(row[:, None], head_kernel, 1),
+            backend_products.int8_rows_by_rows(row, embeddings),  # our int8 logits' form
+            backend_products.int8_product(x, kernel, 1),  # 5 rows: as they are
         ]
 
     compiled = CompiledFunction(products, keras.layers.Dense(1), input_ranks=(2,), jit_compile=True)
     x = rng.integers(-127, 128, (5, 64)).astype("int32")
     assert sorted(traced_int8_product_rows(compiled, x)) == [2, 2, 2, 5]
-    for got, expected in zip(compiled(x), products(keras.ops.convert_to_tensor(x)), strict=True):
+    for got, expected in zip(compiled(x), products(keras.ops.convert_to_tensor(x), ours=False), strict=True):
         assert keras.backend.standardize_dtype(got.dtype) == "int32"
         np.testing.assert_array_equal(got, to_numpy(expected))
 
 
 def test_a_greedy_search_at_batch_1_under_xla_multiplies_no_single_int8_row(int8, tokenizer):
     """XLA:CPU multiplies one int8 row several times slower than two
-    (decoding/compiled.py), so a greedy search at batch 1 compiled by XLA
+    (backend/products.py), so a greedy search at batch 1 compiled by XLA
     (JAX, TensorFlow with `jit_compile`) multiplies each int8 row beside a
     row of zeros. No int8 product of the traced search may take a single
     row, and its ids must be those of the same search run eagerly, through
@@ -314,7 +321,7 @@ def test_a_greedy_search_at_batch_1_under_xla_multiplies_no_single_int8_row(int8
     if keras.backend.backend() == "torch":
         pytest.skip(
             "No XLA under torch: its int8 products are torch._int_mm "
-            "(test_translator.py::test_int8_products_while_decoding_directly_equal_keras)"
+            "(test_backend_products.py::test_int8_products_while_decoding_equal_keras)"
         )
     from keras_transformer.decoding import search_translations
     from keras_transformer.decoding.compiled import CompiledFunction

@@ -213,7 +213,7 @@ def cli_error(*args):
     "extra, message",
     [
         (["--train-steps", "0"], "train_steps must be an integer >= 1; received 0"),
-        (["--dropout", "nan"], "model.dropout must be a number in [0, 1); received nan"),
+        (["--dropout", "nan"], "model.dropout must be a number in [0, 1). Received: dropout=nan"),
         (["--alpha", "inf"], "alpha must be a number in [0, inf); received inf"),
         (["--learning-rate-scale", "-1"], "learning_rate_scale must be a number in (0, inf); received -1.0"),
         (["--bucket-step", "0.9"], "bucket_step must be a number in [1, 4]; received 0.9"),
@@ -223,8 +223,9 @@ def cli_error(*args):
         (["--valid-fraction", "0.1"], "valid_fraction holds validation pairs out of the training text files; give it without valid_source"),
         (["--buckets", "65"], "buckets must be at most 64; received 65"),
         (["--preset", "huge"], "preset must be one of"),
-        (["--num-heads", "3"], "d_model (64) must be divisible by num_heads (3)"),
-        (["--attention-window", "-1"], "model.attention_window must be an integer >= 0; received -1"),
+        (["--num-heads", "3"], "model.d_model must be divisible by num_heads, so that every head has d_k = d_model / num_heads, or key_dim must be given. Received: d_model=64, num_heads=3"),
+        (["--attention-window", "-1"], "model.attention_window must be an integer >= 0 or None. Received: attention_window=-1"),
+        (["--no-share-embeddings", "--normalize-first", "--key-dim", "0"], "model.key_dim must be an integer >= 1 or None. Received: key_dim=0"),
         (["--position-encoding", "learned", "--max-length", "8"], "model.max_length (8) must be at least max_tokens (16)"),
         (["--max-length", "32"], "sinusoids have no maximum"),
         (["--vocabulary", "/nonexistent"], "No vocabulary to reuse in /nonexistent"),
@@ -275,7 +276,7 @@ def test_a_bad_argument_exits_without_a_traceback(files, tmp_path):
     result = cli(*train_arguments(files, tmp_path / "run", "--dropout", "1.5"))
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
-        "error: Invalid training configuration: model.dropout must be a number in [0, 1); received 1.5."
+        "error: Invalid training configuration: model.dropout must be a number in [0, 1). Received: dropout=1.5."
     )
 
 

@@ -6,11 +6,11 @@ from keras_transformer.decoding.beam_search import beam_search
 from keras_transformer.decoding.beam_search import greedy_search
 from keras_transformer.decoding.beam_search import length_penalty
 from keras_transformer.decoding.translator import Translator
-from keras_transformer.decoding.translator import cache_lengths
-from keras_transformer.decoding.translator import cached_step_function
-from keras_transformer.decoding.translator import grow_cache
-from keras_transformer.decoding.translator import growing_step_function
-from keras_transformer.decoding.translator import search_translations
+from keras_transformer.decoding.steps import cache_lengths
+from keras_transformer.decoding.steps import cached_step_function
+from keras_transformer.decoding.steps import grow_cache
+from keras_transformer.decoding.steps import growing_step_function
+from keras_transformer.decoding.steps import search_translations
 
 __all__ = [
     "Translator",

@@ -27,7 +27,7 @@ import tensorflow_text
 from keras_transformer.data.pipeline import bucket_lengths
 from keras_transformer.data.tokenizer import SPACE_MARK
 from keras_transformer.data.tokenizer import SubwordTokenizer
-from keras_transformer.decoding.translator import search_translations
+from keras_transformer.decoding.steps import search_translations
 
 TEXT_SIGNATURE = "serving_default"
 IDS_SIGNATURE = "translate_ids"

@@ -2,11 +2,12 @@
 
 import keras
 
-from keras_transformer import torch_random
+from keras_transformer.backend import random as backend_random
+from keras_transformer.layers.calls import DirectCalls
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class Dropout(keras.layers.Dropout):
+class Dropout(DirectCalls, keras.layers.Dropout):
     """Keras's `Dropout`, whose seed stream costs no wait on an accelerator.
 
     Section 5.4 applies dropout (P_drop = 0.1 in the base model) to each
@@ -14,7 +15,7 @@ class Dropout(keras.layers.Dropout):
     dropout of the model draws from its own seed stream, so that a run is
     reproducible and a checkpoint saves where every stream stands. Under
     torch the stream's counters live in host memory and the mask is drawn on
-    the inputs' device (`torch_random`); the masks are those Keras's own
+    the inputs' device (`backend.random`); the masks are those Keras's own
     dropout draws from the same seeds, on every backend.
 
     Args:
@@ -29,10 +30,10 @@ class Dropout(keras.layers.Dropout):
     """
 
     def __init__(self, rate, noise_shape=None, seed=None, **kwargs):
-        with torch_random.host_stream_scope():
+        with backend_random.host_stream_scope():
             super().__init__(rate, noise_shape=noise_shape, seed=seed, **kwargs)
 
     def call(self, inputs, training=False):
         if training and self.rate > 0:
-            return torch_random.dropout(inputs, self.rate, self.noise_shape, self.seed_generator)
+            return backend_random.dropout(inputs, self.rate, self.noise_shape, self.seed_generator)
         return inputs

@@ -2,11 +2,13 @@
 
 import keras
 
+from keras_transformer.layers.calls import DirectCalls
+from keras_transformer.layers.dense import Dense
 from keras_transformer.layers.utils import clone_initializer
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class PositionwiseFeedForward(keras.layers.Layer):
+class PositionwiseFeedForward(DirectCalls, keras.layers.Layer):
     """FFN(x) = max(0, x W1 + b1) W2 + b2, applied to each position alike.
 
     Section 3.3: two linear transformations with a ReLU in between, from
@@ -43,7 +45,7 @@ class PositionwiseFeedForward(keras.layers.Layer):
 
     def build(self, inputs_shape):
         d_model = inputs_shape[-1]
-        self.inner_dense = keras.layers.Dense(
+        self.inner_dense = Dense(
             self.d_ff,
             activation=self.activation,
             kernel_initializer=clone_initializer(self.kernel_initializer),
@@ -52,7 +54,7 @@ class PositionwiseFeedForward(keras.layers.Layer):
             name="inner_dense",
         )
         self.inner_dense.build(inputs_shape)
-        self.outer_dense = keras.layers.Dense(
+        self.outer_dense = Dense(
             d_model,
             kernel_initializer=clone_initializer(self.kernel_initializer),
             bias_initializer=clone_initializer(self.bias_initializer),

@@ -5,18 +5,17 @@ import math
 import keras
 from keras import ops
 
+from keras_transformer.backend import attention
+from keras_transformer.backend import products
+from keras_transformer.backend.shapes import reshape
+from keras_transformer.backend.shapes import slice_update
+from keras_transformer.layers.calls import DirectCalls
+from keras_transformer.layers.dense import EinsumDense
 from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.utils import clone_initializer
-from keras_transformer.torch_shapes import reshape
-
-# Under JAX, Keras tries cuDNN's fused attention on a GPU first, which takes
-# neither this layer's [B, 1, 1, S] padding masks nor most bucket lengths,
-# and logs each refusal with a traceback before using XLA's. XLA's it is,
-# from the start. Elsewhere Keras chooses.
-FLASH_ATTENTION = False if keras.backend.backend() == "jax" else None
 
 
-class _ConcatenatedHeadsDense(keras.layers.EinsumDense):
+class _ConcatenatedHeadsDense(EinsumDense):
     """W^O on the concatenated heads: `[T, N, H]` -> `[T, d_model]`.
 
     The kernel keeps `EinsumDense`'s `[N, H, d_model]` shape. The product
@@ -38,14 +37,14 @@ class _ConcatenatedHeadsDense(keras.layers.EinsumDense):
         kernel = self.kernel
         num_heads, head_dim, d_model = kernel.shape
         concatenated = reshape(inputs, (-1, num_heads * head_dim))
-        x = ops.matmul(concatenated, reshape(kernel, (num_heads * head_dim, d_model)))
+        x = products.matmul(concatenated, reshape(kernel, (num_heads * head_dim, d_model)))
         if self.bias is not None:
             x = ops.add(x, self.bias)
         return x
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class MultiHeadAttention(keras.layers.Layer):
+class MultiHeadAttention(DirectCalls, keras.layers.Layer):
     """Multi-head scaled dot-product attention (section 3.2).
 
         Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V
@@ -80,8 +79,7 @@ class MultiHeadAttention(keras.layers.Layer):
     the keys come from a cache, where the softmax is written out. (The fused
     operation takes `[B, S, N, H]` keys only; TensorFlow without XLA would
     copy a cache into that layout and back. Torch's own fused attention
-    takes the cache's layout, and decoding calls use it: see
-    `_attend_to_cache`.)
+    takes the cache's layout, and torch decoding calls use it.)
 
     Args:
         num_heads: h, the number of attention heads.
@@ -165,7 +163,7 @@ class MultiHeadAttention(keras.layers.Layer):
         self.window = window
         self.supports_masking = True
 
-    def _projection(self, equation, output_shape, bias_axes, name, layer=keras.layers.EinsumDense):
+    def _projection(self, equation, output_shape, bias_axes, name, layer=EinsumDense):
         return layer(
             equation,
             output_shape=output_shape,
@@ -288,7 +286,7 @@ class MultiHeadAttention(keras.layers.Layer):
         else:
             start = [0, 0, cache_update_index, 0]
             key_heads, value_heads = (
-                ops.slice_update(cached, start, new)
+                slice_update(cached, start, new)
                 for cached, new in zip(cache, self.compute_key_value(value, key))
             )
             cache = (key_heads, value_heads)
@@ -315,13 +313,8 @@ class MultiHeadAttention(keras.layers.Layer):
         elif heads_major:
             attended = self._attend_to_cache(query_heads, key_heads, value_heads, mask)
         else:
-            attended = ops.dot_product_attention(
-                query_heads,
-                key_heads,
-                value_heads,
-                mask=None if mask is None else mask[:, None],  # [B, 1, T, S]
-                scale=self._inverse_sqrt_key_dim,
-                flash_attention=FLASH_ATTENTION,
+            attended = attention.dot_product_attention(
+                query_heads, key_heads, value_heads, mask, self._inverse_sqrt_key_dim
             )
         if mask is not None:
             # A query that may attend to no key (a padded query) attends to
@@ -339,10 +332,12 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def _attend_to_cache(self, query, key, value, mask):
         """Attention of `[B, T, N, H]` queries over a `[B, N, S, H]` cache,
-        at inference. Written out here; under torch, a decoding call of
-        `decoding/compiled.py` hands it to torch's fused attention, which
-        takes this layout as it is."""
-        return self._softmax_attention(query, key, value, mask, False, heads_major=True)[0]
+        at inference: torch's fused attention where it takes this layout
+        (`backend.attention`), else written out."""
+        attended = attention.attend_to_cache(query, key, value, mask, self._inverse_sqrt_key_dim)
+        if attended is None:
+            attended = self._softmax_attention(query, key, value, mask, False, heads_major=True)[0]
+        return attended
 
     def _softmax_attention(self, query, key, value, mask, training, heads_major=False):
         """softmax(Q K^T / sqrt(d_k)) V, written out to expose the weights.

@@ -4,10 +4,11 @@ import keras
 from keras import ops
 
 from keras_transformer.checks import assert_positions_below
+from keras_transformer.layers.calls import DirectCalls
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class LearnedPositionEmbedding(keras.layers.Layer):
+class LearnedPositionEmbedding(DirectCalls, keras.layers.Layer):
     """One learned vector per position, in place of the sinusoids (Table 3, E).
 
     The paper found the two nearly identical (section 3.5) and kept the

@@ -3,9 +3,11 @@
 import keras
 from keras import ops
 
+from keras_transformer.layers.calls import DirectCalls
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class SinusoidalPositionEncoding(keras.layers.Layer):
+class SinusoidalPositionEncoding(DirectCalls, keras.layers.Layer):
     """The fixed sinusoidal position encoding (section 3.5).
 
         PE(pos, 2i)     = sin(pos / 10000^(2i / d_model))

@@ -7,9 +7,12 @@ import numpy as np
 from keras import ops
 from keras import quantizers
 
+from keras_transformer.backend import products
+from keras_transformer.layers.calls import DirectCalls
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class TokenEmbedding(keras.layers.Layer):
+class TokenEmbedding(DirectCalls, keras.layers.Layer):
     """Learned token embeddings, scaled by sqrt(d_model) (section 3.4).
 
     The paper shares one matrix E between the source embedding, the target
@@ -68,7 +71,7 @@ class TokenEmbedding(keras.layers.Layer):
 
     def call(self, inputs, reverse=False):
         if reverse:
-            return ops.matmul(inputs, ops.transpose(self.embeddings))
+            return products.matmul(inputs, ops.transpose(self.embeddings))
         return self._scaled(ops.take(self.embeddings, inputs, axis=0))
 
     def _scaled(self, embedded):
@@ -125,12 +128,10 @@ class TokenEmbedding(keras.layers.Layer):
     def _int8_call(self, inputs, reverse=False):
         if reverse:
             states, states_scale = self._states_quantizer(inputs)
-            # Each state row against each int8 row of E (rows by rows).
-            # Under XLA a single state row is then multiplied beside a row of
-            # zeros (decoding/compiled.py); as states times E transposed, two
-            # rows took 15 times as long as one (benchmarks/README.md).
+            # Each state row against each int8 row of E (rows by rows):
+            # under XLA, faster than states times E transposed.
             rows = ops.reshape(states, (-1, self.d_model))
-            sums = ops.einsum("td,vd->tv", rows, self.embeddings)  # int32
+            sums = products.int8_rows_by_rows(rows, self.embeddings)  # int32
             sums = ops.reshape(sums, tuple(ops.shape(states)[:-1]) + (self.vocabulary_size,))
             return ops.divide(
                 ops.cast(sums, self.compute_dtype),

@@ -2,13 +2,15 @@
 
 import keras
 
+from keras_transformer.layers.calls import DirectCalls
+from keras_transformer.layers.dense import LayerNormalization
 from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.feed_forward import PositionwiseFeedForward
 from keras_transformer.layers.multi_head_attention import MultiHeadAttention
 from keras_transformer.layers.utils import clone_initializer
 
 
-class TransformerBlock(keras.layers.Layer):
+class TransformerBlock(DirectCalls, keras.layers.Layer):
     """Base of `TransformerEncoderBlock` and `TransformerDecoderBlock`.
 
     Args:
@@ -101,7 +103,7 @@ class TransformerBlock(keras.layers.Layer):
         )
 
     def _norm(self, name, inputs_shape):
-        norm = keras.layers.LayerNormalization(
+        norm = LayerNormalization(
             epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
         )
         norm.build(inputs_shape)

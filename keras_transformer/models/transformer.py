@@ -1,42 +1,35 @@
 """The encoder-decoder Transformer of section 3, as a Functional model."""
 
-import contextlib
-import inspect
-import math
-import numbers
+import dataclasses
 
 import keras
 import numpy as np
 from keras import ops
 
 from keras_transformer.checks import TokenIdCheck
-from keras_transformer.data.batches import TokenBatches
-from keras_transformer.checks import check_ids_on_host
-from keras_transformer.checks import check_model_data
 from keras_transformer.checks import check_model_inputs
-from keras_transformer.checks import ids_checked_on_host
 from keras_transformer.layers import Dropout
 from keras_transformer.layers import LearnedPositionEmbedding
 from keras_transformer.layers import SinusoidalPositionEncoding
 from keras_transformer.layers import TokenEmbedding
 from keras_transformer.layers import TransformerDecoderBlock
 from keras_transformer.layers import TransformerEncoderBlock
+from keras_transformer.layers.dense import LayerNormalization
+from keras_transformer.models.checked_data import CheckedData
+from keras_transformer.models.config import MAX_SEED
+from keras_transformer.models.config import ModelConfig
 from keras_transformer.models.presets import PRESETS
 from keras_transformer.models.quantization import quantization_mode
 from keras_transformer.models.quantization import quantize_in_place
 
 PADDING_ID = 0
-# Dropout seeds are stored in 32 bits (JAX's seed dtype) with room for the
-# per-layer offsets.
-MAX_SEED = 2**30
 # A block makes at most this many dropout layers (a decoder block: five).
 SEEDS_PER_BLOCK = 8
 RANDOM_STATE_KEY = "random_state_"
-POSITION_ENCODINGS = ("sinusoidal", "learned")
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class Transformer(keras.Model):
+class Transformer(CheckedData, keras.Model):
     """The Transformer of "Attention Is All You Need" (Vaswani et al., 2017).
 
     A Functional model from `{"source_ids": [B, S], "target_ids": [B, T]}` to
@@ -57,177 +50,101 @@ class Transformer(keras.Model):
 
     Args:
         vocabulary_size: the size of the (shared) vocabulary.
-        num_layers: N, the number of blocks in each stack.
-        d_model: the size of every embedding and sub-layer output.
-        d_ff: the inner size of the feed-forward networks.
-        num_heads: h, the number of attention heads.
-        key_dim: d_k, the size of each head's queries and keys (Table 3,
-            rows A and B). Defaults to d_model / h, as in the paper.
-        value_dim: d_v, the size of each head's values. Defaults to
-            `key_dim`.
-        position_encoding: `"sinusoidal"` (section 3.5) or `"learned"`: one
-            learned vector per position for the source and another for the
-            target (Table 3, row E), up to `max_length` positions.
-        max_length: the most positions of a source or a target, with
-            learned positions (required there); sinusoids have no maximum.
-        attention_window: r, restricting every self-attention to keys at
-            most r positions away (section 4, Table 1); None attends to all.
-            A band mask on the full scores: it changes the model, not its
-            cost.
-        dropout: P_drop, on the embedding sums and on every sub-layer output.
-        attention_dropout: dropout on the attention weights (not in the
-            paper).
-        normalize_first: pre-LN blocks, with a final LayerNorm after each
-            stack, instead of the paper's post-LN.
-        share_embeddings: one matrix for the source embedding, the target
-            embedding and the output projection (section 3.4). False gives
-            each its own.
-        layer_norm_epsilon: epsilon of every LayerNorm.
         dtype: the dtype policy, such as `"mixed_bfloat16"`.
-        seed: the seed of the model's dropout: each dropout layer draws from
-            its own stream, derived from it. None draws one from NumPy's
-            global generator, which `keras.utils.set_random_seed` seeds. The
-            seed is in the config, and the streams' positions are saved with
-            the weights, so a model restored from a checkpoint drops out as
-            the saved one would have next.
-        **kwargs: base model arguments, such as `name`.
+        **kwargs: the fields of `ModelConfig` (num_layers, d_model, d_ff,
+            num_heads, key_dim, value_dim, position_encoding, max_length,
+            attention_window, dropout, attention_dropout, normalize_first,
+            share_embeddings, layer_norm_epsilon, seed), with its defaults:
+            the base model. A seed of None draws one from NumPy's global
+            generator, which `keras.utils.set_random_seed` seeds; each
+            dropout layer draws from its own stream derived from it, and
+            the streams' positions are saved with the weights, so a model
+            restored from a checkpoint drops out as the saved one would
+            have next. Then base model arguments, such as `name`.
     """
 
-    # Which compiled functions were traced for data whose ids were checked
-    # on the host (JAX only; see `_checked_data`).
-    _steps_without_id_check = frozenset()
-
-    def __init__(
-        self,
-        vocabulary_size,
-        num_layers=6,
-        d_model=512,
-        d_ff=2048,
-        num_heads=8,
-        key_dim=None,
-        value_dim=None,
-        position_encoding="sinusoidal",
-        max_length=None,
-        attention_window=None,
-        dropout=0.1,
-        attention_dropout=0.0,
-        normalize_first=False,
-        share_embeddings=True,
-        layer_norm_epsilon=1e-6,
-        dtype=None,
-        seed=None,
-        **kwargs,
-    ):
-        if seed is None:
+    def __init__(self, vocabulary_size, dtype=None, **kwargs):
+        fields = {name: kwargs.pop(name) for name in ModelConfig.names() if name in kwargs}
+        config = ModelConfig(vocabulary_size=vocabulary_size, **fields).check()
+        if config.seed is None:
             # NumPy's generator, not Python's: Keras draws its initializers'
             # seeds from Python's, and a draw here would change them.
-            seed = int(np.random.randint(0, MAX_SEED))
-        _check_arguments(
-            vocabulary_size=vocabulary_size,
-            num_layers=num_layers,
-            d_model=d_model,
-            d_ff=d_ff,
-            num_heads=num_heads,
-            dropout=dropout,
-            attention_dropout=attention_dropout,
-            layer_norm_epsilon=layer_norm_epsilon,
-        )
-        if not isinstance(seed, numbers.Integral) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED:
-            raise ValueError(
-                f"seed must be an integer in [0, {MAX_SEED}]. Received: seed={seed!r}"
-            )
-        check_attention_and_positions(
-            key_dim=key_dim,
-            value_dim=value_dim,
-            position_encoding=position_encoding,
-            max_length=max_length,
-            attention_window=attention_window,
-        )
-        if key_dim is None and d_model % num_heads != 0:
-            raise ValueError(
-                "d_model must be divisible by num_heads, so that every head "
-                f"has d_k = d_model / num_heads, or key_dim must be given. "
-                f"Received: d_model={d_model}, num_heads={num_heads}"
-            )
+            config.seed = int(np.random.randint(0, MAX_SEED))
+        self.config = config
 
         # === Layers ===
         self.source_id_check = TokenIdCheck(
-            vocabulary_size, "source_ids", name="source_id_check"
+            config.vocabulary_size, "source_ids", name="source_id_check"
         )
         self.target_id_check = TokenIdCheck(
-            vocabulary_size, "target_ids", name="target_id_check"
+            config.vocabulary_size, "target_ids", name="target_id_check"
         )
-        if share_embeddings:
+        if config.share_embeddings:
             shared = TokenEmbedding(
-                vocabulary_size, d_model, dtype=dtype, name="token_embedding"
+                config.vocabulary_size, config.d_model, dtype=dtype, name="token_embedding"
             )
             self.source_embedding = shared
             self.target_embedding = shared
             self.output_projection = shared
         else:
             self.source_embedding = TokenEmbedding(
-                vocabulary_size, d_model, dtype=dtype, name="source_embedding"
+                config.vocabulary_size, config.d_model, dtype=dtype, name="source_embedding"
             )
             self.target_embedding = TokenEmbedding(
-                vocabulary_size, d_model, dtype=dtype, name="target_embedding"
+                config.vocabulary_size, config.d_model, dtype=dtype, name="target_embedding"
             )
             self.output_projection = TokenEmbedding(
-                vocabulary_size, d_model, dtype=dtype, name="output_projection"
+                config.vocabulary_size, config.d_model, dtype=dtype, name="output_projection"
             )
-        if position_encoding == "sinusoidal":
+        if config.position_encoding == "sinusoidal":
             self.source_position_encoding = self.target_position_encoding = (
                 SinusoidalPositionEncoding(dtype=dtype, name="position_encoding")
             )
         else:
             self.source_position_encoding = LearnedPositionEmbedding(
-                int(max_length), dtype=dtype, name="source_position_embedding"
+                int(config.max_length), dtype=dtype, name="source_position_embedding"
             )
             self.target_position_encoding = LearnedPositionEmbedding(
-                int(max_length), dtype=dtype, name="target_position_embedding"
+                int(config.max_length), dtype=dtype, name="target_position_embedding"
             )
         self.source_dropout = Dropout(
-            dropout, seed=seed, dtype=dtype, name="source_dropout"
+            config.dropout, seed=config.seed, dtype=dtype, name="source_dropout"
         )
         self.target_dropout = Dropout(
-            dropout, seed=seed + 1, dtype=dtype, name="target_dropout"
+            config.dropout, seed=config.seed + 1, dtype=dtype, name="target_dropout"
         )
+        # The blocks take every field but the embeddings' and the positions'.
         block_arguments = {
-            "num_heads": num_heads,
-            "d_ff": d_ff,
-            "dropout": dropout,
-            "attention_dropout": attention_dropout,
-            "normalize_first": normalize_first,
-            "layer_norm_epsilon": layer_norm_epsilon,
-            "key_dim": key_dim,
-            "value_dim": value_dim,
-            "attention_window": attention_window,
-            "dtype": dtype,
+            name: getattr(config, name)
+            for name in ("num_heads", "d_ff", "dropout", "attention_dropout", "normalize_first",
+                         "layer_norm_epsilon", "key_dim", "value_dim", "attention_window")
         }
+        block_arguments["dtype"] = dtype
         # Block k's dropouts are seeded from seed + SEEDS_PER_BLOCK * (k + 1).
         self.encoder_blocks = [
             TransformerEncoderBlock(
                 **block_arguments,
-                seed=seed + SEEDS_PER_BLOCK * (i + 1),
+                seed=config.seed + SEEDS_PER_BLOCK * (i + 1),
                 name=f"encoder_block_{i}",
             )
-            for i in range(num_layers)
+            for i in range(config.num_layers)
         ]
         self.decoder_blocks = [
             TransformerDecoderBlock(
                 **block_arguments,
-                seed=seed + SEEDS_PER_BLOCK * (num_layers + i + 1),
+                seed=config.seed + SEEDS_PER_BLOCK * (config.num_layers + i + 1),
                 name=f"decoder_block_{i}",
             )
-            for i in range(num_layers)
+            for i in range(config.num_layers)
         ]
         # A pre-LN stack ends on an unnormalized residual sum.
         self.encoder_norm = self.decoder_norm = None
-        if normalize_first:
-            self.encoder_norm = keras.layers.LayerNormalization(
-                epsilon=layer_norm_epsilon, dtype=dtype, name="encoder_norm"
+        if config.normalize_first:
+            self.encoder_norm = LayerNormalization(
+                epsilon=config.layer_norm_epsilon, dtype=dtype, name="encoder_norm"
             )
-            self.decoder_norm = keras.layers.LayerNormalization(
-                epsilon=layer_norm_epsilon, dtype=dtype, name="decoder_norm"
+            self.decoder_norm = LayerNormalization(
+                epsilon=config.layer_norm_epsilon, dtype=dtype, name="decoder_norm"
             )
 
         # === Functional model ===
@@ -261,22 +178,8 @@ class Transformer(keras.Model):
             self.dtype_policy = keras.dtype_policies.get(dtype)
 
         # === Config ===
-        self.vocabulary_size = vocabulary_size
-        self.num_layers = num_layers
-        self.d_model = d_model
-        self.d_ff = d_ff
-        self.num_heads = num_heads
-        self.key_dim = key_dim
-        self.value_dim = value_dim
-        self.position_encoding = position_encoding
-        self.max_length = max_length
-        self.attention_window = attention_window
-        self.dropout = dropout
-        self.attention_dropout = attention_dropout
-        self.normalize_first = normalize_first
-        self.share_embeddings = share_embeddings
-        self.layer_norm_epsilon = layer_norm_epsilon
-        self.seed = seed
+        for name, value in dataclasses.asdict(config).items():
+            setattr(self, name, value)
 
     # === Inputs, checked before Keras casts them to int32 ===
     def __call__(self, inputs, *args, **kwargs):
@@ -287,75 +190,6 @@ class Transformer(keras.Model):
         # JAX's trainer runs `stateless_call`, which calls `call` directly.
         inputs = check_model_inputs(inputs, self.vocabulary_size)
         return super().call(inputs, training=training, mask=mask, **kwargs)
-
-    def fit(self, x=None, *args, **kwargs):
-        x = self._checked_data(x, "train_function")
-        if "validation_data" in kwargs:
-            kwargs["validation_data"] = _as_tf_dataset_under_tensorflow(kwargs["validation_data"])
-        self._build_optimizer()
-        return super().fit(x, *args, **kwargs)
-
-    def evaluate(self, x=None, *args, **kwargs):
-        return super().evaluate(self._checked_data(x, "test_function"), *args, **kwargs)
-
-    def predict(self, x, *args, **kwargs):
-        return super().predict(self._checked_data(x, "predict_function"), *args, **kwargs)
-
-    def train_on_batch(self, x, *args, **kwargs):
-        x = self._checked_data(x, "train_function")
-        self._build_optimizer()
-        return super().train_on_batch(x, *args, **kwargs)
-
-    def test_on_batch(self, x, *args, **kwargs):
-        return super().test_on_batch(self._checked_data(x, "test_function"), *args, **kwargs)
-
-    def predict_on_batch(self, x):
-        return super().predict_on_batch(self._checked_data(x, "predict_function"))
-
-    # The steps Keras compiles: under JAX they leave the id check out where
-    # the data was checked on the host (checks.check_ids_on_host).
-    def train_step(self, *args, **kwargs):
-        with ids_checked_on_host("train_function" in self._steps_without_id_check):
-            return super().train_step(*args, **kwargs)
-
-    def test_step(self, *args, **kwargs):
-        with ids_checked_on_host("test_function" in self._steps_without_id_check):
-            return super().test_step(*args, **kwargs)
-
-    def predict_step(self, *args, **kwargs):
-        with ids_checked_on_host("predict_function" in self._steps_without_id_check):
-            return super().predict_step(*args, **kwargs)
-
-    def _checked_data(self, x, function):
-        """Checks `x` for `function`'s steps, and remakes that compiled
-        function if it was traced for data checked elsewhere."""
-        x = _as_tf_dataset_under_tensorflow(x)
-        x = check_model_data(x, self.vocabulary_size)
-        x, on_host = check_ids_on_host(x, self.vocabulary_size)
-        made_for_host_checks = function in self._steps_without_id_check
-        if made_for_host_checks != on_host and getattr(self, function, None) is not None:
-            setattr(self, function, None)  # Keras makes it again, traced anew
-        if on_host:
-            self._steps_without_id_check = self._steps_without_id_check | {function}
-        else:
-            self._steps_without_id_check = self._steps_without_id_check - {function}
-        return x
-
-    def _build_optimizer(self):
-        """Creates the optimizer's variables before the first train step.
-
-        Keras's TensorFlow trainer leaves them to the first traced step, and
-        variables created while tracing make `tf.function` trace the step a
-        second time: about half of a first step's time on a CPU. Keras builds
-        them first itself under JAX and torch, and under a `tf.distribute`
-        strategy, in whose scope they are made here too.
-        """
-        optimizer = getattr(self, "optimizer", None)
-        if optimizer is None or optimizer.built or not self.built:
-            return
-        strategy = getattr(self, "distribute_strategy", None)  # TensorFlow's trainer
-        with strategy.scope() if strategy is not None else contextlib.nullcontext():
-            optimizer.build(self.trainable_variables)
 
     def __setattr__(self, name, value):
         # The layers are made before `super().__init__()`, whose Functional
@@ -543,22 +377,7 @@ class Transformer(keras.Model):
             "name": self.name,
             "trainable": self.trainable,
             "dtype": keras.dtype_policies.serialize(self.dtype_policy),
-            "vocabulary_size": self.vocabulary_size,
-            "num_layers": self.num_layers,
-            "d_model": self.d_model,
-            "d_ff": self.d_ff,
-            "num_heads": self.num_heads,
-            "key_dim": self.key_dim,
-            "value_dim": self.value_dim,
-            "position_encoding": self.position_encoding,
-            "max_length": self.max_length,
-            "attention_window": self.attention_window,
-            "dropout": self.dropout,
-            "attention_dropout": self.attention_dropout,
-            "normalize_first": self.normalize_first,
-            "share_embeddings": self.share_embeddings,
-            "layer_norm_epsilon": self.layer_norm_epsilon,
-            "seed": self.seed,
+            **dataclasses.asdict(self.config),
         }
         mode = quantization_mode(self)
         if mode is not None:
@@ -606,59 +425,6 @@ class Transformer(keras.Model):
         return model
 
 
-def _check_arguments(dropout, attention_dropout, layer_norm_epsilon, **sizes):
-    """Rejects, with name, value and range, what would build a broken model:
-    a stack of no blocks, a zero-width embedding, a dropout of NaN."""
-    for name, value in sizes.items():
-        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1. Received: {name}={value!r}")
-    for name, value in (("dropout", dropout), ("attention_dropout", attention_dropout)):
-        if not _is_real(value) or not 0 <= value < 1:
-            raise ValueError(f"{name} must be a number in [0, 1). Received: {name}={value!r}")
-    if not _is_real(layer_norm_epsilon) or not 0 < layer_norm_epsilon < math.inf:
-        raise ValueError(
-            "layer_norm_epsilon must be a positive finite number. "
-            f"Received: layer_norm_epsilon={layer_norm_epsilon!r}"
-        )
-
-
-def check_attention_and_positions(key_dim, value_dim, position_encoding, max_length, attention_window):
-    """Rejects Table 3's options outside their range, naming them."""
-    for name, value, least in (
-        ("key_dim", key_dim, 1),
-        ("value_dim", value_dim, 1),
-        ("max_length", max_length, 1),
-        ("attention_window", attention_window, 0),
-    ):
-        if value is not None and (
-            not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < least
-        ):
-            raise ValueError(
-                f"{name} must be an integer >= {least} or None. Received: {name}={value!r}"
-            )
-    if position_encoding not in POSITION_ENCODINGS:
-        raise ValueError(
-            f"Unknown position_encoding. Expected one of {list(POSITION_ENCODINGS)}. "
-            f"Received: position_encoding={position_encoding!r}"
-        )
-    if position_encoding == "learned" and max_length is None:
-        raise ValueError(
-            "position_encoding='learned' learns one vector per position, so it "
-            "needs max_length, the most positions of a source or a target. "
-            "Received: max_length=None"
-        )
-    if position_encoding == "sinusoidal" and max_length is not None:
-        raise ValueError(
-            "max_length bounds learned positions; sinusoids have no maximum. "
-            "Pass position_encoding='learned' with it, or leave it out. "
-            f"Received: position_encoding='sinusoidal', max_length={max_length!r}"
-        )
-
-
-def _is_real(value):
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and not math.isnan(value)
-
-
 def build_transformer(preset="base", **overrides):
     """Builds a `Transformer` from a preset of Table 3, with any field changed.
 
@@ -678,10 +444,7 @@ def build_transformer(preset="base", **overrides):
             f"Unknown preset. Expected one of {sorted(PRESETS)}. "
             f"Received: preset={preset!r}"
         )
-    accepted = set(inspect.signature(Transformer.__init__).parameters) - {
-        "self",
-        "kwargs",
-    } | {"name"}
+    accepted = set(ModelConfig.names()) | {"dtype", "name"}
     unknown = sorted(set(overrides) - accepted)
     if unknown:
         raise ValueError(
@@ -689,14 +452,6 @@ def build_transformer(preset="base", **overrides):
             f"{sorted(accepted)}. Received: overrides={overrides}"
         )
     return Transformer(**(PRESETS[preset] | overrides))
-
-
-def _as_tf_dataset_under_tensorflow(x):
-    """`TokenBatches` as `tf.data` under TensorFlow, whose Keras adapter
-    would fix the shape of its first batches; anything else as it is."""
-    if isinstance(x, TokenBatches) and keras.backend.backend() == "tensorflow":
-        return x.as_tf_dataset()
-    return x
 
 
 def _check_cache_index(index, target_ids, cache):

@@ -13,7 +13,7 @@ from keras import ops
 from keras_transformer.decoding.beam_search import NEG_INF
 from keras_transformer.decoding.beam_search import beam_search
 from keras_transformer.decoding.compiled import CompiledFunction
-from keras_transformer.decoding.translator import growing_step_function
+from keras_transformer.decoding.steps import growing_step_function
 from keras_transformer.parsing.linearization import delinearize
 
 

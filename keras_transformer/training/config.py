@@ -11,28 +11,15 @@ from keras_transformer.data.prepared import is_prepared
 from keras_transformer.data.tokenizer import MODEL_FILE as VOCABULARY_FILE
 from keras_transformer.files import write_atomically
 from keras_transformer.models.presets import PRESETS
-from keras_transformer.models.transformer import check_attention_and_positions
+from keras_transformer.models.config import ModelConfig
 
 CONFIG_FILE = "train_config.json"
 HISTORY_FILE = "history.jsonl"
 # Where `train` prepares the training text it is given, once per run.
 PREPARED_DIR = "data"
 
-MODEL_ARGUMENTS = (
-    "num_layers",
-    "d_model",
-    "d_ff",
-    "num_heads",
-    "dropout",
-    "attention_dropout",
-    "normalize_first",
-    "share_embeddings",
-    "key_dim",
-    "value_dim",
-    "position_encoding",
-    "max_length",
-    "attention_window",
-)
+# The architecture fields `model` may hold.
+MODEL_ARGUMENTS = tuple(ModelConfig.architecture_names())
 DTYPES = ("float32", "mixed_bfloat16", "mixed_float16")
 
 
@@ -218,31 +205,10 @@ class TrainingConfig:
         unknown = sorted(set(self.model) - set(MODEL_ARGUMENTS))
         if unknown:
             problems.append(f"model has unknown fields {unknown}; expected some of {list(MODEL_ARGUMENTS)}")
-        for name in ("num_layers", "d_model", "d_ff", "num_heads"):
-            if name in self.model:
-                whole(f"model.{name}", 1, self.model[name])
-        for name in ("dropout", "attention_dropout"):
-            if name in self.model:
-                number(f"model.{name}", 0, 1, self.model[name])
-        for name, least in (("key_dim", 1), ("value_dim", 1), ("max_length", 1), ("attention_window", 0)):
-            if self.model.get(name) is not None:
-                whole(f"model.{name}", least, self.model[name])
-        architecture = self.architecture() if not problems else {}
-        if not problems:
-            try:
-                check_attention_and_positions(**{
-                    name: architecture.get(name, default) for name, default in (
-                        ("key_dim", None), ("value_dim", None), ("position_encoding", "sinusoidal"),
-                        ("max_length", None), ("attention_window", None),
-                    )
-                })  # fmt: skip
-            except ValueError as error:
-                problems.append(f"model: {error}")
-        if not problems and architecture.get("key_dim") is None and architecture["d_model"] % architecture["num_heads"]:
-            problems.append(
-                f"d_model ({architecture['d_model']}) must be divisible by num_heads "
-                f"({architecture['num_heads']}), or model.key_dim must be given"
-            )
+        architecture = {}
+        if isinstance(self.preset, str) and self.preset in PRESETS and not unknown:
+            architecture = self.architecture()
+            problems += ModelConfig(**architecture).problems(prefix="model.")
         if not problems and architecture.get("position_encoding") == "learned" and architecture["max_length"] < self.max_tokens:
             problems.append(
                 f"model.max_length ({architecture['max_length']}) must be at least max_tokens "

@@ -41,7 +41,7 @@ def compile_model(
         jit_compile: XLA for the train step: `"auto"` (Keras's choice: XLA
             on GPU under TensorFlow, always under JAX, none under torch),
             True or False. Under torch, True is `torch.compile`, which made
-            our steps slower on a GPU (benchmarks/README.md, 2026-11-26).
+            our steps slower on a GPU.
         learning_rate_scale: a constant factor on the schedule (1 in the
             paper).
         **optimizer_kwargs: more `keras.optimizers.Adam` arguments.

@@ -24,10 +24,8 @@ import contextlib
 import functools
 
 import keras
-from keras.src.backend.common.stateless_scope import in_stateless_scope
 
-if keras.backend.backend() == "torch":
-    import torch
+from keras_transformer.backend.keras_private import in_stateless_scope
 
 
 def host_stream_scope():
@@ -41,9 +39,12 @@ def dropout(inputs, rate, noise_shape, seed_generator):
     """`inputs` with each entry zeroed with probability `rate` and the rest
     scaled by 1 / (1 - rate), the mask drawn from `seed_generator`'s next seed
     (Keras's `keras.random.dropout`)."""
+    if keras.backend.backend() != "torch":
+        return keras.random.dropout(inputs, rate, noise_shape=noise_shape, seed=seed_generator)
+    import torch
+
     if (
-        keras.backend.backend() == "torch"
-        and noise_shape is None
+        noise_shape is None
         and 0.0 < rate < 1.0
         and type(inputs) is torch.Tensor
         and inputs.device.type != "meta"
@@ -62,6 +63,8 @@ def next_seed(seed_generator):
         with keras.device("cpu"):
             first, second = seed_generator.next()
             return int(first + second) & 0xFFFFFFFF
+    import torch
+
     counters = seed_generator.state.value  # int32 [2], in host memory
     first, second = counters.tolist()
     with torch.no_grad():

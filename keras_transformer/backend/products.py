@@ -1,46 +1,42 @@
-"""float32 matrix products under torch on the CPU, through oneDNN where
-oneDNN is the faster.
+"""Products of inputs and kernels, per backend.
 
-torch multiplies float32 matrices with MKL's `sgemm`. On this project's AMD
-CPUs it reaches 100-210 GFLOP/s on two cores, while oneDNN, which torch
-ships too and whose linear operation torch's own compiler calls for linear
-layers on the CPU, reaches 250-480 on the same products, forward and
-backward (benchmarks/README.md). On an Intel CPU, MKL's own maker's, the
-order turns. On the Xeon with AMX of benchmarks/README.md
-(`benchmarks/torch_cpu_products.py`), `torch.matmul` over oneDNN was
-0.92-1.08x on the forward products and input gradients of a training step,
-1.08-1.60x on its kernel gradients, 1.05-4.72x on decoding's products of 1
-to 8 rows and 0.94-1.71x at 32 to 128. So oneDNN takes the products on
-every CPU but an Intel one under a torch built with MKL
-(`onednn_preferred`). This is the one module that knows it:
+Our layers multiply their inputs by their kernels through `matmul` and
+`einsum` here; under TensorFlow and JAX these are `keras.ops`' own, with
+two exceptions for int8 products while decoding (below).
 
-- `install(*layer_classes)` makes the calls of those layers, under torch,
-  compute each float32 product of an input and a kernel with oneDNN, with
-  its gradients: a `matmul` by a 2-D kernel (Keras's `Dense`, the tied
-  output projection) or an `einsum` in matrix-product form, such as the
-  attention projections' `td,dnh->tnh` (Keras's `EinsumDense`). Every other
-  product, and every product outside those calls, is Keras's own.
-- `matrix_product(x, kernel)` is the same product without gradients, for
-  decoding (`decoding/compiled.py`).
+Under torch on the CPU, float32 products go through oneDNN where oneDNN is
+the faster. torch multiplies float32 matrices with MKL's `sgemm`, which on
+AMD CPUs runs at about half oneDNN's rate; on an Intel CPU with MKL the
+order turns, and `torch.matmul` stays (`onednn_preferred`). Products
+smaller than `ONEDNN_MIN_PRODUCT` multiply-adds stay with torch, where
+oneDNN's call costs more than it saves. While decoding, an einsum in
+matrix-product form (`td,dnh->tnh`) is one 2-D product: torch's `einsum`
+makes it a batched one.
 
-Products smaller than `ONEDNN_MIN_PRODUCT` multiply-adds stay with torch:
-there oneDNN's call costs more than it saves. TensorFlow multiplies with
-oneDNN already, and XLA's products under JAX run at 300-430 GFLOP/s.
+int8 products of quantized layers while decoding (`int8_product`,
+`int8_rows_by_rows`):
+- under torch on the CPU, torch's int8 GEMM (`torch._int_mm`), where
+  Keras casts to int32 and multiplies with a generic kernel;
+- under TensorFlow without XLA, float32 products of the int8 values, exact
+  up to 2^24 (TensorFlow's int8 `matmul` is several times slower here);
+- under XLA, a single int8 row is multiplied beside a row of zeros: XLA:CPU
+  runs one-row int8 products several times slower than two-row ones.
 """
 
+
 import functools
-import threading
+import math
 
 import keras
+from keras import ops
 
 from keras_transformer import environment
+from keras_transformer.backend import state
 
 # Below this many multiply-adds, and for one row unless the product is much
 # wider than deep (the logits of a single sentence), `torch.matmul` is as
 # fast or faster (ad hoc timings of decoding's products, from 1 to 84 rows).
 ONEDNN_MIN_PRODUCT = 2**20
-
-_state = threading.local()  # .depth: how many calls of installed layers are running
 
 
 def onednn_linear():
@@ -202,57 +198,113 @@ def _product(x, kernel, contracted):
         return None
 
 
+def _torch_tensor(x):
+    import torch
 
-@functools.cache
-def _install_products():
-    from keras.src.backend.torch import numpy as torch_numpy
+    return type(x) is torch.Tensor
 
-    keras_matmul = torch_numpy.matmul
-    keras_einsum = torch_numpy.einsum
 
-    def matmul(x1, x2):
-        if getattr(_state, "depth", 0) and getattr(x2, "ndim", None) == 2 and getattr(x1, "ndim", 0) >= 2:
-            product = _product(x1, x2, 1)
+def _kernel_value(kernel):
+    return kernel.value if isinstance(kernel, keras.Variable) else kernel
+
+
+def matmul(x, kernel):
+    """x `[..., K]` times kernel `[K, N]` (a layer's input and kernel)."""
+    if keras.backend.backend() == "torch" and _torch_tensor(x) and x.is_floating_point() and x.ndim >= 2:
+        kernel = _kernel_value(kernel)
+        if state.decoding():
+            matrices = as_matrices(x, kernel, 1)
+            if matrices is not None:
+                rows, matrix, shape = matrices
+                return matrix_product(rows, matrix).reshape(shape)
+        else:
+            product = _product(x, kernel, 1)
             if product is not None:
                 return product
-        return keras_matmul(x1, x2)
+    return ops.matmul(x, kernel)
 
-    def einsum(subscripts, *operands, **kwargs):
-        if getattr(_state, "depth", 0) and len(operands) == 2 and not kwargs:
-            contracted = matrix_product_form(subscripts)
-            if contracted is not None:
-                product = _product(operands[0], operands[1], contracted)
+
+def einsum(equation, x, kernel):
+    """`keras.ops.einsum(equation, x, kernel)` of a layer's input and kernel."""
+    if keras.backend.backend() == "torch" and _torch_tensor(x) and x.is_floating_point():
+        contracted = matrix_product_form(equation)
+        if contracted is not None:
+            kernel = _kernel_value(kernel)
+            if state.decoding():
+                matrices = as_matrices(x, kernel, contracted)
+                if matrices is not None:
+                    rows, matrix, shape = matrices
+                    return matrix_product(rows, matrix).reshape(shape)
+            else:
+                product = _product(x, kernel, contracted)
                 if product is not None:
                     return product
-        return keras_einsum(subscripts, *operands, **kwargs)
-
-    environment.replace_in_modules("keras.src.backend", keras_matmul, matmul)
-    environment.replace_in_modules("keras.src.backend", keras_einsum, einsum)
+    return ops.einsum(equation, x, kernel)
 
 
-def install(*layer_classes):
-    """Under torch with oneDNN: the calls of `layer_classes` compute their
-    float32 products through oneDNN (see the module's docstring).
-    Elsewhere, nothing changes."""
-    if keras.backend.backend() != "torch" or _linear() is None:
-        return
-    _install_products()
-    for layer_class in layer_classes:
-        call = layer_class.__dict__["call"]
-        if not getattr(call, "onednn_products", False):
-            layer_class.call = _with_onednn_products(call)
+def int8_product(x, kernel, contracted):
+    """int8 x `[..., K...]` times int8 kernel `[K..., N...]` (its last
+    `contracted` axes against the kernel's first), as int32 sums."""
+    kernel = _kernel_value(kernel)
+    static_leading = tuple(x.shape[: len(x.shape) - contracted])
+    leading = tuple(ops.shape(x)[: len(x.shape) - contracted])  # tensors where unknown
+    depth_shape = tuple(kernel.shape[:contracted])
+    output_shape = tuple(kernel.shape[contracted:])
+    if keras.backend.backend() == "torch" and _torch_tensor(x) and x.device.type == "cpu":
+        matrices = as_matrices(x, kernel, contracted)
+        if matrices is not None:
+            import torch
+
+            rows, matrix, shape = matrices
+            try:
+                return torch._int_mm(rows, matrix).reshape(shape)
+            except RuntimeError:  # shapes torch's int8 GEMM refuses
+                pass
+    depth = math.prod(depth_shape)
+    if state.float_int8():
+        rows = ops.reshape(ops.cast(x, "float32"), (-1, depth))
+        matrix = ops.reshape(ops.cast(kernel, "float32"), (depth, -1))
+        return ops.reshape(ops.cast(ops.matmul(rows, matrix), "int32"), leading + output_shape)
+    if state.compiled_by_xla() and None not in static_leading and math.prod(static_leading) == 1:
+        matrix = ops.reshape(kernel, (depth, -1))
+        sums = _paired(ops.reshape(x, (1, depth)), lambda rows: ops.matmul(rows, matrix))
+        return ops.reshape(sums, leading + output_shape)
+    if contracted == 1 and len(kernel.shape) == 2:
+        return ops.matmul(x, kernel)
+    rows = ops.reshape(x, (-1, depth))
+    return ops.reshape(ops.matmul(rows, ops.reshape(kernel, (depth, -1))), leading + output_shape)
 
 
-def _with_onednn_products(call):
-    """`call`, counted as a call of an installed layer while it runs."""
+def int8_rows_by_rows(x, table):
+    """int8 rows x `[M, K]` times the int8 rows of `table` `[N, K]`
+    (`td,vd->tv`: our int8 embedding's logits), as int32 sums."""
+    table = _kernel_value(table)
+    backend = keras.backend.backend()
+    if backend == "torch" and _torch_tensor(x) and x.device.type == "cpu":
+        import torch
 
-    @functools.wraps(call)
-    def call_with_onednn_products(self, *args, **kwargs):
-        _state.depth = getattr(_state, "depth", 0) + 1
         try:
-            return call(self, *args, **kwargs)
-        finally:
-            _state.depth -= 1
+            return torch._int_mm(x, table.t())
+        except RuntimeError:
+            pass
+    if state.float_int8():
+        return ops.cast(ops.matmul(ops.cast(x, "float32"), ops.transpose(ops.cast(table, "float32"))), "int32")
+    if not state.compiled_by_xla():
+        return ops.einsum("td,vd->tv", x, table)
+    if backend == "tensorflow":
+        # As M one-row products by the transposed table, as Keras's `matmul`
+        # of `[M, 1, K]` computes them: TensorFlow's XLA ran this form
+        # fastest.
+        def rows_by_rows(rows):
+            return ops.matmul(rows[:, None, :], ops.transpose(table))[:, 0, :]
+    else:
+        def rows_by_rows(rows):
+            return ops.einsum("td,vd->tv", rows, table)
+    if x.shape[0] == 1:
+        return _paired(x, rows_by_rows)
+    return rows_by_rows(x)
 
-    call_with_onednn_products.onednn_products = True
-    return call_with_onednn_products
+
+def _paired(row, product):
+    """`product(rows)` of `row` `[1, K]` and a row of zeros, and its first row."""
+    return product(ops.concatenate([row, ops.zeros_like(row)], axis=0))[:1]

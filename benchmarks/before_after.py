@@ -1,0 +1,113 @@
+"""Decoding and training speed of this tree beside another revision, in one run.
+
+    python benchmarks/before_after.py --before HEAD~3
+    python benchmarks/before_after.py --before v0.4 --backends torch --rounds 2
+
+The other revision is checked out into a temporary git worktree. For each
+backend, each round runs both trees' own `benchmarks/decoding.py` (batch
+32, small and base, greedy and beam 4, with keras-hub's beam sampler;
+TensorFlow with XLA) and `benchmarks/training_speed.py` (small, float32,
+ours alone) in fresh processes, one tree after the other, the order turning
+each round so that the machine's drift falls on both. Reported: the best
+of the rounds for each tree, after over before, and ours over keras-hub
+for beam 4 in this tree.
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DECODING_LINE = re.compile(r"^\s+(small|base)\s+(greedy, cached|beam 4, cached|beam 4, keras-hub BeamSampler)\s+([\d.]+) sentences/s")
+
+
+@contextlib.contextmanager
+def worktree(revision):
+    directory = tempfile.mkdtemp(prefix="before-")
+    subprocess.run(["git", "-C", HERE, "worktree", "add", "--detach", directory, revision], check=True, capture_output=True)
+    try:
+        yield directory
+    finally:
+        subprocess.run(["git", "-C", HERE, "worktree", "remove", "--force", directory], capture_output=True)
+
+
+def run(tree, backend, arguments):
+    """`python <arguments>` in `tree`, with its own package first on the path."""
+    environment = {**os.environ, "KERAS_BACKEND": backend, "PYTHONPATH": tree, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    result = subprocess.run([sys.executable, *arguments], cwd=tree, env=environment, capture_output=True, text=True)
+    if result.returncode:
+        raise RuntimeError(f"{' '.join(arguments)} failed in {tree}:\n{result.stderr[-3000:]}")
+    return result.stdout
+
+
+def decoding(tree, backend):
+    """Sentences per second by (preset, route)."""
+    arguments = ["benchmarks/decoding.py", "--skip-recompute", "small", "base"]
+    if backend == "tensorflow":
+        arguments.append("--jit-compile")
+    figures = {}
+    for line in run(tree, backend, arguments).splitlines():
+        match = DECODING_LINE.match(line)
+        if match:
+            figures[(match.group(1), match.group(2))] = float(match.group(3))
+    return figures
+
+
+def training(tree, backend, steps, rounds):
+    """Target tokens per second of ours, small, float32."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as report:
+        run(tree, backend, [
+            "benchmarks/training_speed.py", "--size", "small", "--precision", "float32", "--contenders",
+            "--steps", str(steps), "--rounds", str(rounds), "--out", report.name,
+        ])  # fmt: skip
+        with open(report.name) as file:
+            return json.load(file)["contenders"]["ours"]["target_tokens_per_second"]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", required=True, help="a git revision")
+    parser.add_argument("--backends", nargs="+", default=["jax", "tensorflow", "torch"])
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--train-steps", type=int, default=10, help="timed steps per training turn")
+    parser.add_argument("--train-rounds", type=int, default=3, help="training turns per run")
+    parser.add_argument("--out", help="also write the figures here as JSON")
+    args = parser.parse_args()
+    best = {}  # (backend, cell, tree) -> best figure
+    with worktree(args.before) as before:
+        trees = {"before": before, "after": HERE}
+        for backend in args.backends:
+            for round_number in range(args.rounds):
+                order = ["before", "after"] if round_number % 2 == 0 else ["after", "before"]
+                for name in order:
+                    figures = {f"{preset} {route}": value for (preset, route), value in decoding(trees[name], backend).items()}
+                    figures["train small float32"] = training(trees[name], backend, args.train_steps, args.train_rounds)
+                    for cell, value in figures.items():
+                        key = (backend, cell, name)
+                        best[key] = max(best.get(key, 0.0), value)
+                    print(f"{backend} round {round_number + 1} {name}: {figures}", flush=True)
+    lines = ["| backend | measure | before | after | after / before |", "| --- | --- | ---: | ---: | ---: |"]
+    for backend in args.backends:
+        cells = sorted({cell for b, cell, _ in best if b == backend})
+        for cell in cells:
+            old, new = best[(backend, cell, "before")], best[(backend, cell, "after")]
+            lines.append(f"| {backend} | {cell} | {old:,.1f} | {new:,.1f} | {new / old:.2f} |")
+        for preset in ("small", "base"):
+            ours = best.get((backend, f"{preset} beam 4, cached", "after"))
+            theirs = best.get((backend, f"{preset} beam 4, keras-hub BeamSampler", "after"))
+            if ours and theirs:
+                lines.append(f"| {backend} | {preset} beam 4, ours / keras-hub (after) | | | {ours / theirs:.2f} |")
+    print("\nDecoding in sentences/s (batch 32); training in target tokens/s.\n")
+    print("\n".join(lines))
+    if args.out:
+        with open(args.out, "w") as file:
+            json.dump({" | ".join(key): value for key, value in best.items()}, file, indent=2)
+
+
+if __name__ == "__main__":
+    main()

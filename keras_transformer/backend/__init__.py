@@ -1,0 +1,23 @@
+"""What must know the backend, in one package.
+
+Everything else in keras_transformer is written with `keras.ops` and runs
+unchanged on TensorFlow, JAX and PyTorch. The modules here choose, per
+backend, how a few operations are computed:
+
+- `state`: whether the running code is a compiled decoding call, and how
+  it is compiled (set by `decoding.compiled.CompiledFunction`);
+- `products`: the products of inputs and kernels (oneDNN under torch on
+  the CPU; int8 products while decoding);
+- `attention`: torch's fused attention on the layouts our layers keep;
+- `shapes`: reshapes and cache writes without Keras's symbolic checks
+  under torch;
+- `loops`: `while_loop`, whose bodies a torch decoding call traces once
+  and replays;
+- `random`: seeded dropout whose stream lives in host memory under torch;
+- `keras_private`: the few private Keras names still needed, each with the
+  public API that is missing.
+
+Nothing here changes Keras, TensorFlow, JAX or PyTorch: importing the
+package installs nothing, and each function is called by our own layers
+and searches.
+"""

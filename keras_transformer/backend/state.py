@@ -1,0 +1,65 @@
+"""Whether the running code is a compiled decoding call, per thread.
+
+`decoding.compiled.CompiledFunction` opens a `decoding_call` around the
+function it runs. Our layers and searches read it to choose how to compute:
+
+- `direct()`: under torch, a built layer of ours runs its `call` without
+  `Layer.__call__`, whose argument binding, mask walk and scopes cost more
+  than a decoding step's arithmetic (`layers/calls.py`);
+- `loops()`: under torch, the `backend.loops.TracedLoops` whose traces
+  `backend.loops.while_loop` replays, or None;
+- `compiled_by_xla()`: the function is being traced for XLA (JAX, or
+  TensorFlow with `jit_compile`);
+- `float_int8()`: under TensorFlow without XLA, int8 products are computed
+  as float32 products of the int8 values (`backend.products`).
+
+Outside a decoding call every answer is False (or None), and our code runs
+Keras's own operations.
+"""
+
+import contextlib
+import threading
+
+
+class _State(threading.local):
+    decoding = False
+    direct = False
+    loops = None
+    xla = False
+    float_int8 = False
+
+
+_state = _State()
+
+
+@contextlib.contextmanager
+def decoding_call(direct=False, loops=None, xla=False, float_int8=False):
+    """Within this block, on this thread, code runs as a decoding call."""
+    outer = (_state.decoding, _state.direct, _state.loops, _state.xla, _state.float_int8)
+    _state.decoding, _state.direct, _state.loops = True, direct, loops if direct else None
+    _state.xla, _state.float_int8 = xla, float_int8
+    try:
+        yield
+    finally:
+        (_state.decoding, _state.direct, _state.loops, _state.xla, _state.float_int8) = outer
+
+
+def decoding():
+    """Whether a decoding call (no gradients, inference) is running."""
+    return _state.decoding
+
+
+def direct():
+    return _state.direct
+
+
+def loops():
+    return _state.loops
+
+
+def compiled_by_xla():
+    return _state.xla
+
+
+def float_int8():
+    return _state.float_int8

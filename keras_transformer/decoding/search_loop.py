@@ -1,0 +1,130 @@
+"""The loop of a search: a top-k for large vocabularies, and a
+`while_loop` run in phases over a state that grows."""
+
+import math
+
+from keras import ops
+
+from keras_transformer.backend.loops import while_loop
+
+
+def top_k(scores, k, chunk_size=128):
+    """`ops.top_k(scores, k)` of float `[B, n]` scores, for k far below n.
+
+    The k best scores of a row lie in the k chunks of `chunk_size`
+    consecutive scores whose maxima are best: a chunk left out has a
+    maximum no better than each of k chunks taken, and each of those holds
+    a score at least that good (with ties, a lower index). So one maximum
+    per chunk, a top-k over the maxima, and a top-k over the chosen chunks'
+    scores find them. XLA's top-k looks at every one of the `B * n` scores
+    (a beam search's `beam_size * vocabulary_size` candidates per sentence)
+    several times more slowly than it takes their maxima. Among equal scores the lower index
+    comes first where `ops.top_k` puts it first (TensorFlow and JAX; torch's
+    top-k orders ties as it likes).
+
+    Returns:
+        `(values [B, k], indices [B, k])`, best first.
+    """
+    n = scores.shape[-1]
+    if not isinstance(n, int) or n <= 2 * k * chunk_size:
+        return ops.top_k(scores, k)
+    batch_size = ops.shape(scores)[0]
+    padding = -n % chunk_size
+    if padding:
+        scores = ops.pad(scores, ((0, 0), (0, padding)), constant_values=-math.inf)
+    chunks = ops.reshape(scores, (batch_size, -1, chunk_size))  # [B, n / C, C]
+    _, best_chunks = ops.top_k(ops.max(chunks, axis=-1), k)
+    best_chunks = ops.sort(best_chunks, axis=-1)  # in index order, for ties
+    candidates = ops.take_along_axis(chunks, best_chunks[:, :, None], axis=1)
+    values, positions = ops.top_k(
+        ops.reshape(candidates, (batch_size, k * chunk_size)), k
+    )
+    chunk = ops.take_along_axis(best_chunks, positions // chunk_size, axis=1)
+    return values, chunk * chunk_size + positions % chunk_size
+
+
+def check_state_lengths(state_lengths, grow_state, max_length):
+    """`state_lengths` must be increasing Python ints (each phase has its own
+    shapes) that reach `max_length`, and come with `grow_state`."""
+    if state_lengths is None:
+        return
+    lengths = list(state_lengths)
+    if (
+        not lengths
+        or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in lengths)
+        or any(b <= a for a, b in zip(lengths, lengths[1:]))
+    ):
+        raise ValueError(
+            "state_lengths must be increasing integers >= 1. "
+            f"Received: state_lengths={state_lengths!r}"
+        )
+    if isinstance(max_length, int) and lengths[-1] < max_length:
+        raise ValueError(
+            "The state must reach max_length positions in its last phase. "
+            f"Received: state_lengths={state_lengths!r}, max_length={max_length}"
+        )
+    if len(lengths) > 1 and grow_state is None:
+        raise ValueError(
+            "state_lengths of more than one phase need grow_state to grow the "
+            f"state between them. Received: state_lengths={state_lengths!r}, grow_state=None"
+        )
+
+
+def while_in_phases(
+    condition, body, search, state_lengths, grow_state, steps_per_iteration=1, max_length=None
+):
+    """`keras.ops.while_loop(condition, body, search)`, run in phases over a state
+    that grows.
+
+    Phase p runs the steps whose `search["index"]` is below
+    `state_lengths[p]`; between phases, `grow_state(search["state"],
+    state_lengths[p + 1])` enlarges the state. A cache of past positions can
+    so be as long as the output so far (rounded up to its phase's length)
+    instead of as long as the longest output: the attention over it and its
+    reordering between beams do that much less work. Each phase is a loop of
+    its own, with its own shapes, so a compiled search compiles one loop body
+    per phase.
+
+    With `steps_per_iteration` n > 1, each phase first runs n steps per
+    iteration while n more steps fit in the phase and in `max_length`, then
+    single steps. The condition is tested before each iteration, not
+    between its steps, so `body` must leave a search that `condition`
+    ended as it is.
+
+    Args:
+        condition, body: as for `ops.while_loop`, over the dict `search`.
+        search: the loop variables, a dict with the step about to run at
+            `"index"` and the state at `"state"`.
+        state_lengths: None (one loop), or increasing lengths, the state
+            given holding the first.
+        grow_state: `grow_state(state, length)`.
+        steps_per_iteration: n, an int.
+        max_length: the most steps (an int), with `steps_per_iteration`.
+    """
+    if state_lengths is None and steps_per_iteration == 1:
+        return while_loop(condition, body, search)
+
+    def repeated(search):
+        for _ in range(steps_per_iteration):
+            search = body(search)
+        return search
+
+    limits = [max_length] if state_lengths is None else list(state_lengths)
+    start = 0
+    for phase, length in enumerate(limits):
+        if phase:
+            search = {**search, "state": grow_state(search["state"], length)}
+        end = length if steps_per_iteration == 1 else min(length, max_length)
+
+        def fits(steps, end=end):
+            """The condition, while `steps` more steps end by `end`."""
+            return lambda search: ops.logical_and(
+                condition(search), ops.less_equal(search["index"] + steps, end)
+            )
+
+        if steps_per_iteration > 1:
+            search = while_loop(fits(steps_per_iteration), repeated, search)
+        if steps_per_iteration == 1 or (end - start) % steps_per_iteration:
+            search = while_loop(fits(1), body, search)  # the steps left
+        start = length
+    return search

@@ -1,0 +1,101 @@
+"""Keras's training and inference entry points, with the data checked first.
+
+`Transformer` takes its inputs' ids from `fit`, `evaluate`, `predict` and
+the batch methods checked against its vocabulary: on the host where the
+data allows it (under JAX the compiled steps then leave the id callback
+out), in the data pipeline or in the model otherwise.
+"""
+
+import contextlib
+
+import keras
+
+from keras_transformer.checks import check_ids_on_host
+from keras_transformer.checks import check_model_data
+from keras_transformer.checks import ids_checked_on_host
+from keras_transformer.data.batches import TokenBatches
+
+
+class CheckedData:
+    """The entry points of a `keras.Model` that check `x` first."""
+
+    # Which compiled functions were traced for data whose ids were checked
+    # on the host (JAX only; see `_checked_data`).
+    _steps_without_id_check = frozenset()
+
+    def fit(self, x=None, *args, **kwargs):
+        x = self._checked_data(x, "train_function")
+        if "validation_data" in kwargs:
+            kwargs["validation_data"] = _as_tf_dataset_under_tensorflow(kwargs["validation_data"])
+        self._build_optimizer()
+        return super().fit(x, *args, **kwargs)
+
+    def evaluate(self, x=None, *args, **kwargs):
+        return super().evaluate(self._checked_data(x, "test_function"), *args, **kwargs)
+
+    def predict(self, x, *args, **kwargs):
+        return super().predict(self._checked_data(x, "predict_function"), *args, **kwargs)
+
+    def train_on_batch(self, x, *args, **kwargs):
+        x = self._checked_data(x, "train_function")
+        self._build_optimizer()
+        return super().train_on_batch(x, *args, **kwargs)
+
+    def test_on_batch(self, x, *args, **kwargs):
+        return super().test_on_batch(self._checked_data(x, "test_function"), *args, **kwargs)
+
+    def predict_on_batch(self, x):
+        return super().predict_on_batch(self._checked_data(x, "predict_function"))
+
+    # The steps Keras compiles: under JAX they leave the id check out where
+    # the data was checked on the host (checks.check_ids_on_host).
+    def train_step(self, *args, **kwargs):
+        with ids_checked_on_host("train_function" in self._steps_without_id_check):
+            return super().train_step(*args, **kwargs)
+
+    def test_step(self, *args, **kwargs):
+        with ids_checked_on_host("test_function" in self._steps_without_id_check):
+            return super().test_step(*args, **kwargs)
+
+    def predict_step(self, *args, **kwargs):
+        with ids_checked_on_host("predict_function" in self._steps_without_id_check):
+            return super().predict_step(*args, **kwargs)
+
+    def _checked_data(self, x, function):
+        """Checks `x` for `function`'s steps, and remakes that compiled
+        function if it was traced for data checked elsewhere."""
+        x = _as_tf_dataset_under_tensorflow(x)
+        x = check_model_data(x, self.vocabulary_size)
+        x, on_host = check_ids_on_host(x, self.vocabulary_size)
+        made_for_host_checks = function in self._steps_without_id_check
+        if made_for_host_checks != on_host and getattr(self, function, None) is not None:
+            setattr(self, function, None)  # Keras makes it again, traced anew
+        if on_host:
+            self._steps_without_id_check = self._steps_without_id_check | {function}
+        else:
+            self._steps_without_id_check = self._steps_without_id_check - {function}
+        return x
+
+    def _build_optimizer(self):
+        """Creates the optimizer's variables before the first train step.
+
+        Keras's TensorFlow trainer leaves them to the first traced step, and
+        variables created while tracing make `tf.function` trace the step a
+        second time: about half of a first step's time on a CPU. Keras builds
+        them first itself under JAX and torch, and under a `tf.distribute`
+        strategy, in whose scope they are made here too.
+        """
+        optimizer = getattr(self, "optimizer", None)
+        if optimizer is None or optimizer.built or not self.built:
+            return
+        strategy = getattr(self, "distribute_strategy", None)  # TensorFlow's trainer
+        with strategy.scope() if strategy is not None else contextlib.nullcontext():
+            optimizer.build(self.trainable_variables)
+
+
+def _as_tf_dataset_under_tensorflow(x):
+    """`TokenBatches` as `tf.data` under TensorFlow, whose Keras adapter
+    would fix the shape of its first batches; anything else as it is."""
+    if isinstance(x, TokenBatches) and keras.backend.backend() == "tensorflow":
+        return x.as_tf_dataset()
+    return x

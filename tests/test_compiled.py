@@ -1,0 +1,186 @@
+"""Decoding functions compiled per backend (keras_transformer/decoding/compiled.py)."""
+
+import itertools
+
+import keras
+import numpy as np
+import pytest
+from conftest import to_numpy
+from translation_fixtures import SENTENCES
+from translation_fixtures import source_batch
+
+import keras_transformer as kt
+from keras_transformer.backend import state
+from keras_transformer.decoding import Translator
+from keras_transformer.decoding import search_translations
+from keras_transformer.decoding.compiled import CompiledFunction
+from keras_transformer.layers.calls import DirectCalls
+
+
+@pytest.fixture
+def tokenizer(translation_tokenizer):
+    return translation_tokenizer
+
+
+@pytest.fixture
+def model(translation_model):
+    return translation_model
+
+
+@pytest.mark.parametrize("quantize", [None, "int8"])
+def test_the_compiled_search_equals_the_search_through_keras_layer_calls(model, tokenizer, quantize):
+    """The `Translator`'s search is compiled under TensorFlow and JAX, and
+    under torch calls each built layer's `call` (or int8 `quantized_call`)
+    directly and replays traces of its loops. Its
+    beams and scores must be those of the same search run eagerly through
+    `Layer.__call__`, for a second batch of the same shape too (with other
+    sentences and limits, which a trace must take from that call); the
+    model has dropout, which neither may apply."""
+    assert model.dropout > 0
+    translator = Translator(model, tokenizer, beam_size=3, max_extra_length=6, quantize=quantize)
+    sentences = [s for s in SENTENCES if s.strip()]
+    first = source_batch(tokenizer, sentences)
+    second = source_batch(tokenizer, sentences[::-1])
+    width = max(first.shape[1], second.shape[1])
+    for number, source_ids in enumerate((first, second)):
+        source_ids = np.pad(source_ids, ((0, 0), (0, width - source_ids.shape[1])))
+        limits = (np.arange(len(source_ids), dtype="int32") + number) % 4 + width
+        compiled_ids, compiled_scores = translator._search(source_ids, limits)
+        ids, scores = translator._search.fn(
+            keras.ops.convert_to_tensor(source_ids), keras.ops.convert_to_tensor(limits)
+        )
+        np.testing.assert_array_equal(compiled_ids, to_numpy(ids))
+        # int8 layers quantize their inputs at every call, so a rounding
+        # difference between XLA's fused arithmetic and the eager one can
+        # move an activation by one int8 step: a score then differs by about
+        # 1e-4 of its size (seen under JAX, once the attention over the cache
+        # was written out: -23.3806 against -23.3763), and by about 1.5e-3
+        # where the step is in the output projection's input (torch:
+        # -27.8563 against -27.8158), whose int8 product moves every logit.
+        tolerance = {"atol": 1e-4} if quantize is None else {"rtol": 5e-3}
+        np.testing.assert_allclose(compiled_scores, to_numpy(scores), **tolerance)
+    if translator._search.loops is not None:
+        # The condition and the body, once for each phase of the growing
+        # caches (`cache_lengths`), whose shapes differ.
+        phases = len(kt.decoding.cache_lengths(width + 6) or [width + 6])
+        assert phases > 1  # the premise: the caches grow
+        assert translator._search.loops.count == 2 * phases
+
+
+def test_a_mixed_precision_model_decodes_through_keras_layer_calls():
+    """Under mixed precision the layers need `Layer.__call__`'s dtype scope,
+    so `CompiledFunction` must not call them directly (under torch, doing so
+    fails on a bfloat16 input to a float32 kernel)."""
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        model = kt.build_transformer("tiny", vocabulary_size=300)
+    finally:
+        keras.config.set_dtype_policy("float32")
+    source_ids = np.random.default_rng(0).integers(4, 300, (3, 7)).astype("int32")
+    source_ids[:, -1] = 2
+    limits = np.full((3,), 10, "int32")
+
+    def search(source_ids, limits):
+        return search_translations(model, source_ids, limits, beam_size=2, alpha=0.6, max_extra_length=4, bos_id=1, eos_id=2)
+
+    compiled_ids, compiled_scores = CompiledFunction(search, model, [2, 1])(source_ids, limits)
+    ids, scores = search(keras.ops.convert_to_tensor(source_ids), keras.ops.convert_to_tensor(limits))
+    np.testing.assert_array_equal(compiled_ids, to_numpy(ids))
+    np.testing.assert_allclose(compiled_scores, to_numpy(scores), rtol=5e-3)  # bfloat16: XLA fuses differently
+
+
+def test_a_second_batch_of_the_same_bucket_is_not_traced_again(model, tokenizer):
+    translator = Translator(model, tokenizer, beam_size=2, batch_size=2, max_extra_length=4)
+
+    def shape(texts):
+        sources = translator._source_ids(texts)
+        return translator._batch(list(sources.values()), rows_wanted=2)[0].shape
+
+    pairs = [SENTENCES[i : i + 2] for i in range(len(SENTENCES) - 1)]
+    first, second = next(
+        (a, b) for a, b in itertools.combinations(pairs, 2) if shape(a) == shape(b) and all(t.strip() for t in a + b)
+    )  # two different batches of one bucket
+    translator.translate(first)
+    loops = translator._search.loops
+    traced_loops = loops and loops.count
+    translator.translate(second)
+    # torch has no compiled search: it runs the search on every call, and
+    # traces the loops of a shape once (a condition and a body per phase of
+    # the growing caches).
+    assert translator._search.traces == (2 if keras.backend.backend() == "torch" else 1)
+    if keras.backend.backend() == "torch":
+        assert traced_loops >= 2
+        assert loops.count == traced_loops
+
+
+def test_a_search_over_many_shapes_is_traced_once_per_shape(model):
+    """A translator meets many shapes: buckets of source lengths, each with
+    a loop per phase of its growing caches. Searched again, none is traced
+    again (under torch, whose loop traces are kept per shape, as under JAX,
+    whose functions are compiled per shape)."""
+    never = model.vocabulary_size + 1  # no EOS: every search runs to its limit
+
+    def search(source_ids, limits):
+        return search_translations(
+            model, source_ids, limits, beam_size=1, alpha=0.6, max_extra_length=40,
+            bos_id=1, eos_id=never,
+        )
+
+    compiled = CompiledFunction(search, model, [2, 1])
+    rng = np.random.default_rng(0)
+    batches = []
+    for width in (4, 6, 8, 10, 12, 14):
+        source_ids = rng.integers(3, model.vocabulary_size, (1, width)).astype("int32")
+        batches.append((source_ids, np.array([width + 40], "int32")))
+    for source_ids, limits in batches:
+        compiled(source_ids, limits)
+    traces = compiled.traces
+    loops = compiled.loops and compiled.loops.count
+    if compiled.loops is not None:
+        # The premise: a condition and a body for each of 3 phases (16, 32,
+        # width + 40) of 6 widths, more than a few.
+        assert loops == 6 * 3 * 2
+    for source_ids, limits in batches:
+        compiled(source_ids, limits)
+    if compiled.loops is not None:
+        assert compiled.loops.count == loops
+    else:
+        assert compiled.traces == traces
+
+
+def test_our_built_layers_skip_keras_call_in_a_direct_decoding_call_only():
+    """Inside a torch decoding call with direct calls, a built layer of ours
+    runs its `call` itself; an unbuilt one, a layer that is not ours, and
+    every layer outside the block go through `Layer.__call__`."""
+
+    class Seen(keras.layers.Layer):
+        def build(self, shape):
+            self.built = True
+
+        def call(self, x):
+            self.seen = x
+            return x
+
+    class Ours(DirectCalls, Seen):
+        pass
+
+    built, unbuilt, keras_s = Ours(), Ours(), Seen()
+    built.build((2,))
+    keras_s.build((2,))
+    x = np.ones((1, 2), "float32")
+    with pytest.raises(RuntimeError, match="inside"):
+        with state.decoding_call(direct=True):
+            built(x)
+            assert built.seen is x  # `call` itself: Keras would convert x to a tensor
+            keras_s(x)
+            assert keras_s.seen is not x
+            unbuilt(x)
+            assert unbuilt.built and unbuilt.seen is not x  # built by Keras's own `__call__`
+            with state.decoding_call(direct=False):
+                built(x)
+                assert built.seen is not x
+            built(x)
+            assert built.seen is x
+            raise RuntimeError("an error inside the block")
+    built(x)
+    assert built.seen is not x
