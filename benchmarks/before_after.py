@@ -2,6 +2,7 @@
 
     python benchmarks/before_after.py --before HEAD~3
     python benchmarks/before_after.py --before v0.4 --backends torch --rounds 2
+    python benchmarks/before_after.py --before HEAD~3 --programs
 
 The other revision is checked out into a temporary git worktree. For each
 backend, each round runs both trees' own `benchmarks/decoding.py` (batch
@@ -11,6 +12,10 @@ ours alone) in fresh processes, one tree after the other, the order turning
 each round so that the machine's drift falls on both. Reported: the best
 of the rounds for each tree, after over before, and ours over keras-hub
 for beam 4 in this tree.
+
+`--programs` compares what the two trees compile instead of timing it:
+this tree's `compiled_programs.py` runs with each tree's package, and the
+digests of each backend's decoding programs are compared.
 """
 
 import argparse
@@ -37,7 +42,8 @@ def worktree(revision):
 
 
 def run(tree, backend, arguments):
-    """`python <arguments>` in `tree`, with its own package first on the path."""
+    """`python <arguments>` in `tree` (a script path relative to it, or
+    absolute), with its own package first on the path."""
     environment = {**os.environ, "KERAS_BACKEND": backend, "PYTHONPATH": tree, "TF_CPP_MIN_LOG_LEVEL": "3"}
     result = subprocess.run([sys.executable, *arguments], cwd=tree, env=environment, capture_output=True, text=True)
     if result.returncode:
@@ -69,6 +75,17 @@ def training(tree, backend, steps, rounds):
             return json.load(file)["contenders"]["ours"]["target_tokens_per_second"]
 
 
+def programs(trees, backends):
+    """Whether each backend's decoding programs agree between the trees."""
+    script = os.path.join(HERE, "benchmarks", "compiled_programs.py")
+    for backend in backends:
+        digests = {name: json.loads(run(tree, backend, [script]).splitlines()[-1]) for name, tree in trees.items()}
+        for cell in digests["after"]:
+            same = digests["before"][cell] == digests["after"][cell]
+            size = sum(digests["after"][cell].values()) if backend != "jax" else digests["after"][cell]["lines"]
+            print(f"| {backend} | {cell} | {'same' if same else 'different'} | {size:,} |", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", required=True, help="a git revision")
@@ -77,7 +94,13 @@ def main():
     parser.add_argument("--train-steps", type=int, default=10, help="timed steps per training turn")
     parser.add_argument("--train-rounds", type=int, default=3, help="training turns per run")
     parser.add_argument("--out", help="also write the figures here as JSON")
+    parser.add_argument("--programs", action="store_true", help="compare the compiled decoding programs, not speed")
     args = parser.parse_args()
+    if args.programs:
+        with worktree(args.before) as before:
+            print("| backend | search, batch 32 | program | size (HLO lines, or operations) |\n| --- | --- | --- | ---: |")
+            programs({"before": before, "after": HERE}, args.backends)
+        return
     best = {}  # (backend, cell, tree) -> best figure
     with worktree(args.before) as before:
         trees = {"before": before, "after": HERE}

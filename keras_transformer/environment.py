@@ -9,19 +9,15 @@ Keras and its backend are first imported:
   `BACKENDS`, and its package must be installed; otherwise the error says
   which names are valid, or which extra to install;
 - torch's OpenMP threads wait passively (`OMP_WAIT_POLICY=PASSIVE`, unless
-  it is set). With the default busy-waiting, torch's two threads on a
-  2-core CPU spin against the `tf.data` threads that feed them, and a train
-  step of the tiny model takes 3-4 s instead of 0.2 s;
+  it is set): busy-waiting, torch's threads spin against the `tf.data`
+  threads that feed them, and a step on a small CPU takes many times longer;
 - under torch and JAX, large tensors come from the heap (glibc's
-  `mallopt`), not from fresh memory maps. glibc maps each allocation over
+  `mallopt`), not from fresh memory maps: glibc maps each allocation over
   32 MB from the OS and unmaps it when it is freed, so every `[B, T, V]`
-  tensor of a step page-faulted its whole size in again: a product of a
-  64 MB tensor with a scalar took 19.5 ms instead of 4.5 ms under torch,
-  and the small model trained 1.2x faster under torch and about 1.1x under
-  JAX without the maps. Under TensorFlow it was about 5% slower, so
-  TensorFlow keeps glibc's default; so does a process whose allocator the
-  user has chosen (`LD_PRELOAD`, `GLIBC_TUNABLES` or a `MALLOC_*`
-  variable);
+  tensor of a step page-faulted its whole size in again. TensorFlow, which
+  ran slower that way, keeps glibc's default; so does a process whose
+  allocator the user has chosen (`LD_PRELOAD`, `GLIBC_TUNABLES` or a
+  `MALLOC_*` variable);
 - quiet output for the command line and the recipes: TensorFlow's, XLA's
   and SentencePiece's C++ log lines (CUDA probes, CPU feature notices,
   "precompiled_charsmap is empty") are filtered out of stderr. `--verbose`,

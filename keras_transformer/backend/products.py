@@ -176,7 +176,7 @@ def _product_with_gradients():
 
 
 def _product(x, kernel, contracted):
-    """Inside an installed layer's call: float x `[..., K...]` times kernel
+    """In a layer's call, outside decoding: float x `[..., K...]` times kernel
     `[K..., N...]` through oneDNN, with gradients; None where it does not
     apply or pay."""
     import torch

@@ -8,7 +8,7 @@ it, and the counters' step copies a constant to the device: a training step
 of the small model stops the host 17 times that way, where Keras's torch
 backend has no time to lose (it keeps the GPU fed one operation at a time).
 
-This is the one module that knows it:
+What it does:
 
 - `host_stream_scope()`: the seed streams created inside it keep their
   counters in host memory (under torch; elsewhere nothing changes).
