@@ -176,8 +176,8 @@ kt.training.compile_model(model)
 ids = np.random.default_rng(0).integers(3, tokenizer.vocabulary_size, (4, 6)).astype("int32")
 model.fit({"source_ids": ids, "target_ids": ids}, ids, batch_size=4, epochs=1, verbose=0)
 for quantize in (None, "int8"):
-    translator = kt.Translator(model, tokenizer, beam_size=2, max_extra_length=4, quantize=quantize)
-    assert len(translator.translate(["the dog .", "a man sees the cat ."])) == 2
+    translator = kt.Translator(model, tokenizer, beam_size=2, max_extra_length=2, quantize=quantize)
+    assert len(translator.translate(["the dog ."])) == 1
 
 assert keras.layers.Layer.__call__ is keras_call
 changed = sorted(
