@@ -4,21 +4,13 @@ import numpy as np
 import pytest
 from conftest import to_numpy
 from translation_fixtures import SENTENCES
+from translation_fixtures import model  # noqa: F401 (a fixture)
+from translation_fixtures import tokenizer  # noqa: F401 (a fixture)
 from translation_fixtures import source_batch
 
 from keras_transformer.decoding import Translator
 from keras_transformer.decoding import cross_attention_map
 from keras_transformer.decoding import plot_cross_attention
-
-
-@pytest.fixture
-def tokenizer(translation_tokenizer):
-    return translation_tokenizer
-
-
-@pytest.fixture
-def model(translation_model):
-    return translation_model
 
 
 def test_cross_attention_map_rows_are_distributions_over_the_source(model, tokenizer):

@@ -7,22 +7,14 @@ import numpy as np
 import pytest
 from conftest import to_numpy
 from translation_fixtures import SENTENCES
+from translation_fixtures import model  # noqa: F401 (a fixture)
+from translation_fixtures import tokenizer  # noqa: F401 (a fixture)
 from translation_fixtures import source_batch
 
 import keras_transformer as kt
 from keras_transformer.decoding import cached_step_function
 from keras_transformer.decoding import search_translations
 from keras_transformer.decoding.compiled import CompiledFunction
-
-
-@pytest.fixture
-def tokenizer(translation_tokenizer):
-    return translation_tokenizer
-
-
-@pytest.fixture
-def model(translation_model):
-    return translation_model
 
 
 @pytest.mark.parametrize("beam_size", [1, 3])

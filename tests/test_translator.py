@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 from conftest import to_numpy
 from translation_fixtures import SENTENCES
+from translation_fixtures import model  # noqa: F401 (a fixture)
+from translation_fixtures import tokenizer  # noqa: F401 (a fixture)
 from translation_fixtures import end_positions
 from translation_fixtures import source_batch
 
@@ -16,16 +18,6 @@ from keras_transformer.decoding import Translator
 from keras_transformer.decoding import beam_search
 from keras_transformer.decoding import cached_step_function
 from keras_transformer.decoding import greedy_search
-
-
-@pytest.fixture
-def tokenizer(translation_tokenizer):
-    return translation_tokenizer
-
-
-@pytest.fixture
-def model(translation_model):
-    return translation_model
 
 
 def test_a_batch_translates_as_its_sentences_one_by_one(model, tokenizer):

@@ -6,6 +6,7 @@ import itertools
 
 import keras
 import numpy as np
+import pytest
 from conftest import to_numpy
 
 import keras_transformer as kt
@@ -76,3 +77,15 @@ def source_batch(tokenizer, sentences):
     for i, ids in enumerate(rows):
         source_ids[i, : len(ids)] = ids
     return source_ids
+
+
+# The tests' own names for the session's tokenizer and model (conftest.py),
+# imported by each test module that uses them.
+@pytest.fixture
+def tokenizer(translation_tokenizer):
+    return translation_tokenizer
+
+
+@pytest.fixture
+def model(translation_model):
+    return translation_model
