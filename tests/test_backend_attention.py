@@ -80,3 +80,68 @@ def test_attention_over_a_cache_while_decoding_equals_the_written_out_softmax(mo
         np.testing.assert_allclose(got[attends], expected[attends], rtol=1e-5, atol=1e-6)
     assert len(fused_calls) == (2 if keras.backend.backend() == "torch" else 0)
 
+
+
+def test_jax_sends_half_precision_attention_on_a_gpu_to_cudnn_only_in_forms_it_takes():
+    def implementation(shape, dtype="bfloat16", key_length=None, platform="gpu"):
+        query = np.zeros(shape, dtype="float32")
+        key = np.zeros((shape[0], key_length or shape[1]) + shape[2:], dtype="float32")
+        query, key = (keras.ops.cast(keras.ops.convert_to_tensor(x), dtype) for x in (query, key))
+        return attention.jax_implementation(query, key, platform=platform)
+
+    assert implementation((8, 32, 8, 64)) == "cudnn"
+    assert implementation((8, 32, 8, 64), "float16", key_length=18) == "cudnn"
+    assert implementation((8, 32, 8, 64), "float32") == "xla"  # cuDNN: half precision only
+    assert implementation((8, 31, 8, 64)) == "xla"  # odd query length
+    assert implementation((8, 32, 8, 64), key_length=17) == "xla"  # odd key length
+    assert implementation((8, 32, 8, 12)) == "xla"  # head size off cuDNN's grid
+    assert implementation((8, 32, 8, 64), platform="cpu") == "xla"
+
+
+def test_the_cudnn_mask_form_gives_the_attention_of_our_mask():
+    """cuDNN takes a `[B, 1, T, S]` mask; written out from a padding mask
+    `[B, 1, S]` or a merged one `[B, T, S]`, it gives the same attention
+    (XLA's implementation, on this machine) as the mask it came from."""
+    import jax
+
+    rng = np.random.default_rng(1)
+    query, key, value = (rng.normal(size=(2, 4, 2, 8)).astype("float32") for _ in range(3))
+    padding = np.array([[True] * 4, [True, True, False, False]])[:, None, :]  # [B, 1, S]
+    merged = padding & np.tril(np.ones((4, 4), bool))[None]  # and causal: [B, T, S]
+    for mask in (padding, merged):
+        form = attention.cudnn_mask(mask, 4, 4)
+        assert form.shape == (2, 1, 4, 4) and form.dtype == bool
+        got = jax.nn.dot_product_attention(query, key, value, mask=form, scale=0.3, implementation="xla")
+        expected = keras.ops.dot_product_attention(
+            *(keras.ops.convert_to_tensor(x) for x in (query, key, value)),
+            mask=keras.ops.convert_to_tensor(mask[:, None]),
+            scale=0.3,
+        )
+        np.testing.assert_allclose(np.asarray(got), to_numpy(expected), rtol=1e-5, atol=1e-6)
+
+
+def test_a_mixed_bfloat16_training_step_reaches_attention_in_the_form_cudnn_takes(monkeypatch):
+    """Every attention of a bfloat16 training step (encoder, masked decoder,
+    encoder-decoder) reaches `attention.dot_product_attention` with inputs
+    that a GPU would send to cuDNN, so that the fused path cannot be lost
+    unseen by a change of layouts, dtypes or masks on the CPU."""
+    model = kt.build_transformer("tiny", vocabulary_size=40, dtype="mixed_bfloat16")
+    seen = []
+    own = attention.dot_product_attention
+
+    def recorded(query, key, value, mask, scale):
+        seen.append((query, key, None if mask is None else to_numpy(mask)))
+        return own(query, key, value, mask, scale)
+
+    monkeypatch.setattr(attention, "dot_product_attention", recorded)
+    batch = {
+        "source_ids": np.array([[5, 6, 7, 8, 9, 2], [5, 6, 2, 0, 0, 0]], "int32"),
+        "target_ids": np.array([[1, 5, 6, 7], [1, 5, 0, 0]], "int32"),
+    }
+    model(batch, training=True)
+    assert len(seen) == 3 * model.config.num_layers
+    for query, key, mask in seen:
+        assert keras.backend.standardize_dtype(query.dtype) == "bfloat16"
+        assert attention.jax_implementation(query, key, platform="gpu") == "cudnn"
+        form = attention.cudnn_mask(mask, query.shape[1], key.shape[1])
+        assert form.shape == (2, 1, query.shape[1], key.shape[1])

@@ -2,12 +2,13 @@
 
 `dot_product_attention` takes queries, keys and values with the heads
 third, `[B, T, N, H]`, as `keras.ops.dot_product_attention` does. Under
-JAX, Keras would try cuDNN's fused attention on a GPU first, which takes
-neither our `[B, 1, T, S]` masks nor most bucket lengths, and logs each
-refusal with a traceback: XLA's attention it is, from the start. While
-decoding under torch, torch's `scaled_dot_product_attention` gets the
-heads-second views of the inputs as they are, where Keras's copies each
-into a contiguous tensor first.
+JAX on a GPU, half-precision attention goes to cuDNN's fused kernel with
+the mask spelled out to `[B, 1, T, S]`, the form it takes (a padding mask
+`[B, 1, 1, S]` it refuses); what cuDNN cannot take (float32, odd lengths
+in training, head sizes off its grid) goes to XLA's attention without
+Keras's attempt and logged traceback. While decoding under torch, torch's
+`scaled_dot_product_attention` gets the heads-second views of the inputs
+as they are, where Keras's copies each into a contiguous tensor first.
 
 `attend_to_cache` is attention over a heads-major `[B, N, S, H]` cache,
 which torch's fused attention takes as it is; elsewhere the attention layer
@@ -39,6 +40,8 @@ def dot_product_attention(query, key, value, mask, scale):
             scale,
         )
         return attended.transpose(1, 2)
+    if keras.backend.backend() == "jax" and jax_implementation(query, key) == "cudnn":
+        return _cudnn_attention(query, key, value, mask, scale)
     return ops.dot_product_attention(
         query,
         key,
@@ -46,6 +49,51 @@ def dot_product_attention(query, key, value, mask, scale):
         mask=None if mask is None else mask[:, None],  # [B, 1, T, S]
         scale=scale,
         flash_attention=flash_attention(),
+    )
+
+
+def jax_implementation(query, key, platform=None):
+    """`jax.nn.dot_product_attention`'s implementation for `[B, T, N, H]`
+    queries and `[B, S, N, H]` keys: "cudnn" where cuDNN's fused attention
+    takes them (a GPU, float16 or bfloat16, head size a multiple of 8 up
+    to 128, even lengths), else "xla". `platform` defaults to JAX's."""
+    import jax
+
+    platform = platform or jax.default_backend()
+    _, length, _, head_size = query.shape
+    key_length = key.shape[1]
+    takes = (
+        platform == "gpu"
+        and keras.backend.standardize_dtype(query.dtype) in ("float16", "bfloat16")
+        and query.dtype == key.dtype
+        and head_size % 8 == 0
+        and head_size <= 128
+        and length % 2 == 0
+        and key_length % 2 == 0
+    )
+    return "cudnn" if takes else "xla"
+
+
+def cudnn_mask(mask, query_length, key_length):
+    """A boolean `[B or 1, T or 1, S]` mask as the `[B, 1, T, S]` cuDNN
+    takes: every query's row written out, one head broadcast."""
+    import jax.numpy as jnp
+
+    if mask is None:
+        return None
+    return jnp.broadcast_to(mask, (mask.shape[0], query_length, key_length))[:, None]
+
+
+def _cudnn_attention(query, key, value, mask, scale):
+    import jax
+
+    return jax.nn.dot_product_attention(
+        query,
+        key,
+        value,
+        mask=cudnn_mask(mask, query.shape[1], key.shape[1]),
+        scale=scale,
+        implementation="cudnn",
     )
 
 
