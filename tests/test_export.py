@@ -63,6 +63,7 @@ def serve(served, texts):
     return translations, outputs["score"].numpy()
 
 
+@in_one_pass("tensorflow", "a SavedModel in a process without the package; each backend's export is the test below")
 def test_a_fresh_tensorflow_process_serves_what_the_translator_translates(
     exported, translator, tmp_path
 ):

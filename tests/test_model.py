@@ -13,7 +13,9 @@ V = 40
 
 @pytest.fixture
 def model():
-    return kt.build_transformer("tiny", vocabulary_size=V)
+    # One block a stack: what these tests check holds for any depth, and a
+    # compiled step costs half as much.
+    return kt.build_transformer("tiny", vocabulary_size=V, num_layers=1)
 
 
 @pytest.fixture
@@ -328,7 +330,7 @@ def test_bad_ids_fail_clearly_in_every_form_of_data(batch, form):
     for run in runs:
         # A fresh model for each: under JAX, an error inside Keras's loop
         # leaves the model's variables unusable.
-        model = kt.training.compile_model(kt.build_transformer("tiny", vocabulary_size=V))
+        model = kt.training.compile_model(kt.build_transformer("tiny", vocabulary_size=V, num_layers=1))
         run(model, batch)  # good data first: the compiled function is made, then reused
         with pytest.raises(Exception, match=message):
             run(model, bad)
@@ -358,7 +360,7 @@ def test_under_jax_compiled_steps_leave_the_id_check_to_the_host(model, batch, m
         model.predict(*_as(form, batch), verbose=0)
     # The batch methods too, on a model whose steps are not made yet (a
     # second, later definition of these two once replaced the checking ones).
-    fresh = kt.training.compile_model(kt.build_transformer("tiny", vocabulary_size=V))
+    fresh = kt.training.compile_model(kt.build_transformer("tiny", vocabulary_size=V, num_layers=1))
     fresh.test_on_batch(batch, labels)
     fresh.predict_on_batch(batch)
     assert callbacks == []

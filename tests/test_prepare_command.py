@@ -5,10 +5,11 @@ import json
 import re
 
 import pytest
-
 from conftest import in_one_pass
 from test_train_command import cli
 from test_train_command import files  # noqa: F401 (a fixture)
+
+from keras_transformer.cli import main
 
 pytestmark = in_one_pass("torch", "command-line plumbing over the data code the data tests cover")
 
@@ -48,13 +49,20 @@ def test_prepare_then_train_from_the_prepared_set(files, tmp_path):  # noqa: F81
     ],
 )
 def test_bad_input_is_one_error_line(files, tmp_path, arguments, message):  # noqa: F811
+    """In this process, as `main` ends a command; the first case also as a
+    command of its own, whose stderr holds that one line and no traceback."""
     (tmp_path / "short.de").write_text("".join((files / "valid.de").read_text().splitlines(True)[:5]))
     names = {"valid.en": files / "valid.en", "valid.de": files / "valid.de",
              "short.de": tmp_path / "short.de", "nowhere": tmp_path / "nowhere"}
     arguments = [str(names[a[1:-1]]) if a.startswith("{") else a for a in arguments]
     if "--vocabulary-size" not in arguments:
         arguments += ["--vocabulary-size", "320"]
-    result = cli("prepare", *arguments, "--output", tmp_path / "out")
-    assert result.returncode == 1, result.stdout + result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
-    assert re.search(message, result.stderr), result.stderr
+    arguments = ["prepare", *arguments, "--output", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as exit_info:
+        main(arguments)
+    assert re.fullmatch(message + ".*", str(exit_info.value)) and "\n" not in str(exit_info.value)
+    if "missing.en" in arguments:
+        result = cli(*arguments)
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert re.search(message, result.stderr), result.stderr

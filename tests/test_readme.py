@@ -20,6 +20,7 @@ import sys
 
 import keras
 import pytest
+from conftest import in_one_pass
 
 import keras_transformer as kt
 from keras_transformer import cli
@@ -144,6 +145,7 @@ def test_the_quick_start_runs_under_this_backend(workdir, tmp_path):
     assert not NOISE.search(output), output
 
 
+@in_one_pass("torch", "the README's text; each backend's translate command is tested in test_translate_command.py")
 def test_the_readme_translate_example_prints_what_it_shows(workdir):
     pairs = [
         (command, shown)
@@ -165,6 +167,7 @@ def test_the_readme_translate_example_prints_what_it_shows(workdir):
         assert result.stderr == ""
 
 
+@in_one_pass("tensorflow", "the README's text; each backend's commands are tested in test_translate_command.py")
 def test_the_readme_command_line_examples_print_what_they_show(workdir, capsys, monkeypatch):
     monkeypatch.chdir(workdir)
     block = next(b for b in code_blocks("bash") if "plot-attention" in b and "evaluate" in b)
@@ -201,6 +204,7 @@ def test_the_readme_python_examples_return_what_they_show(workdir, monkeypatch):
     assert namespace["greedy"].translate(["The old man sees the dog."]) == ["Der alte Mann sieht den Hund."]
 
 
+@in_one_pass("tensorflow", "the README's text; each backend's export is tested in test_export.py")
 def test_the_readme_export_serves_the_curl_example(workdir, monkeypatch, capsys):
     import json
 

@@ -432,6 +432,7 @@ def test_a_repeated_run_under_jax_compiles_nothing_again(files, tmp_path):
     assert entries[0] and entries[1] == entries[0]  # the second run, another seed, found every program there
 
 
+@in_one_pass("jax", "which pairs are held out, and the files; each backend's training is tested above")
 def test_validation_pairs_held_out_of_the_training_files(files, tmp_path):
     arguments = train_arguments(files, tmp_path / "run", "--train-steps", 1, "--valid-fraction", 0.1)
     for option in ("--valid-source", "--valid-target"):

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import in_one_pass
 from translation_fixtures import SENTENCES
 
 from keras_transformer import cli
@@ -65,6 +66,7 @@ def test_cli_reports_bad_files(model_dir, tmp_path):
             cli.main(["translate", "--model-dir", str(model_dir), "--alpha", value])
 
 
+@in_one_pass("torch", "reading a model directory's files and the CLI's error lines")
 def test_cli_reports_damaged_model_directories_and_other_mistakes_in_one_line(model_dir, tmp_path):
     import shutil
 
@@ -126,6 +128,7 @@ def test_python_dash_m_reads_stdin_and_writes_stdout_quietly(model_dir):
     assert result.stderr.decode() == ""
 
 
+@in_one_pass("jax", "the CLI's warning lines; each backend's quiet translate is tested above")
 def test_cli_warnings_are_one_line_and_count_lines_from_one(model_dir):
     long_line = " ".join(["the old man sees the dog ."] * 60)
     result = run_command("translate", "--model-dir", model_dir, stdin=f"the man .\n{long_line}\n")
