@@ -5,7 +5,8 @@ function it runs. Our layers and searches read it to choose how to compute:
 
 - `direct()`: under torch, a built layer of ours runs its `call` without
   `Layer.__call__`, whose argument binding, mask walk and scopes cost more
-  than a decoding step's arithmetic (`layers/calls.py`);
+  than a decoding step's arithmetic (`layers/calls.py`); `direct_steps`
+  opens the same for a train, test or predict step;
 - `loops()`: under torch, the `backend.loops.TracedLoops` whose traces
   `backend.loops.while_loop` replays, or None;
 - `compiled_by_xla()`: the function is being traced for XLA (JAX, or
@@ -19,6 +20,8 @@ Keras's own operations.
 
 import contextlib
 import threading
+
+import keras
 
 
 class _State(threading.local):
@@ -42,6 +45,26 @@ def decoding_call(direct=False, loops=None, xla=False, float_int8=False):
         yield
     finally:
         (_state.decoding, _state.direct, _state.loops, _state.xla, _state.float_int8) = outer
+
+
+@contextlib.contextmanager
+def _direct_calls():
+    outer = _state.direct
+    _state.direct = True
+    try:
+        yield
+    finally:
+        _state.direct = outer
+
+
+def direct_steps(compiled=False):
+    """The context of a train, test or predict step of our model: under
+    torch, uncompiled, our built layers run their `call` directly, as in a
+    decoding call. Elsewhere a step is traced once, and `Layer.__call__`
+    costs nothing per step."""
+    if keras.backend.backend() != "torch" or compiled:
+        return contextlib.nullcontext()
+    return _direct_calls()
 
 
 def decoding():

@@ -1,23 +1,41 @@
-"""Direct calls of our layers inside a torch decoding call."""
+"""Direct calls of our layers in torch's decoding calls and steps."""
+
+import functools
+import inspect
 
 from keras_transformer.backend import state
 
 
 class DirectCalls:
-    """A layer that, built and called inside a torch decoding call
-    (`backend.state.direct()`), runs its `call` (its `quantized_call` if
-    quantized) without `Layer.__call__`.
+    """A layer that, built and called inside a torch decoding call or a
+    torch train, test or predict step (`backend.state.direct()`), runs its
+    `call` (its `quantized_call` if quantized) without `Layer.__call__`.
 
-    Under torch nothing compiles a search, and `Layer.__call__`'s argument
+    Under torch nothing compiles a step, and `Layer.__call__`'s argument
     binding, mask walk, `training` resolution and scopes cost more than a
-    decoding step's arithmetic. A decoding call needs none of it: its layers
-    compute in their variables' dtype, run at inference, and pass their
-    masks explicitly. Everywhere else the call is Keras's.
+    small model's arithmetic: on a GPU the step waits on them. Our layers
+    need none of it: they pass `training` and their masks to their
+    sublayers explicitly, and the model's own call opens the dtype policy's
+    autocast for all of them. Everywhere else the call is Keras's.
     """
 
     def __call__(self, *args, **kwargs):
         if state.direct() and self.built:
+            # Keras's Functional passes `training` and `mask` to every layer,
+            # and `Layer.__call__` drops what `call` does not take.
+            accepted = _call_arguments(type(self))
+            if accepted is not None:
+                kwargs = {name: value for name, value in kwargs.items() if name in accepted}
             if self.quantization_mode is not None:
                 return self.quantized_call(*args, **kwargs)
             return self.call(*args, **kwargs)
         return super().__call__(*args, **kwargs)
+
+
+@functools.cache
+def _call_arguments(layer_class):
+    """The names `layer_class.call` takes, or None if it takes any."""
+    parameters = inspect.signature(layer_class.call).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return None
+    return frozenset(parameters)

@@ -10,6 +10,7 @@ import contextlib
 
 import keras
 
+from keras_transformer.backend import state
 from keras_transformer.checks import check_ids_on_host
 from keras_transformer.checks import check_model_data
 from keras_transformer.checks import ids_checked_on_host
@@ -48,18 +49,25 @@ class CheckedData:
         return super().predict_on_batch(self._checked_data(x, "predict_function"))
 
     # The steps Keras compiles: under JAX they leave the id check out where
-    # the data was checked on the host (checks.check_ids_on_host).
+    # the data was checked on the host (checks.check_ids_on_host); under
+    # torch our layers run their calls directly (layers/calls.py).
     def train_step(self, *args, **kwargs):
-        with ids_checked_on_host("train_function" in self._steps_without_id_check):
+        with self._step_context("train_function"):
             return super().train_step(*args, **kwargs)
 
     def test_step(self, *args, **kwargs):
-        with ids_checked_on_host("test_function" in self._steps_without_id_check):
+        with self._step_context("test_function"):
             return super().test_step(*args, **kwargs)
 
     def predict_step(self, *args, **kwargs):
-        with ids_checked_on_host("predict_function" in self._steps_without_id_check):
+        with self._step_context("predict_function"):
             return super().predict_step(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def _step_context(self, function):
+        with ids_checked_on_host(function in self._steps_without_id_check):
+            with state.direct_steps(compiled=bool(getattr(self, "jit_compile", False))):
+                yield
 
     def _checked_data(self, x, function):
         """Checks `x` for `function`'s steps, and remakes that compiled
