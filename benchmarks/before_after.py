@@ -2,6 +2,7 @@
 
     python benchmarks/before_after.py --before HEAD~3
     python benchmarks/before_after.py --before v0.4 --backends torch --rounds 2
+    python benchmarks/before_after.py --before HEAD~3 --rounds 3 --no-training
     python benchmarks/before_after.py --before HEAD~3 --programs
 
 The other revision is checked out into a temporary git worktree. For each
@@ -93,6 +94,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--train-steps", type=int, default=10, help="timed steps per training turn")
     parser.add_argument("--train-rounds", type=int, default=3, help="training turns per run")
+    parser.add_argument("--no-training", action="store_true", help="time decoding only")
     parser.add_argument("--out", help="also write the figures here as JSON")
     parser.add_argument("--programs", action="store_true", help="compare the compiled decoding programs, not speed")
     args = parser.parse_args()
@@ -109,7 +111,8 @@ def main():
                 order = ["before", "after"] if round_number % 2 == 0 else ["after", "before"]
                 for name in order:
                     figures = {f"{preset} {route}": value for (preset, route), value in decoding(trees[name], backend).items()}
-                    figures["train small float32"] = training(trees[name], backend, args.train_steps, args.train_rounds)
+                    if not args.no_training:
+                        figures["train small float32"] = training(trees[name], backend, args.train_steps, args.train_rounds)
                     for cell, value in figures.items():
                         key = (backend, cell, name)
                         best[key] = max(best.get(key, 0.0), value)

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from conftest import in_one_pass
 from conftest import to_numpy
 from translation_fixtures import SENTENCES
 from translation_fixtures import model  # noqa: F401 (a fixture)
@@ -30,6 +31,7 @@ def test_cross_attention_map_rows_are_distributions_over_the_source(model, token
     assert np.all(padded_weights[..., source_ids.shape[1] :] == 0)
 
 
+@in_one_pass("torch", "matplotlib's drawing of the weights; each backend's weights are tested above")
 def test_attention_plot_is_a_png_heatmap(model, tokenizer, tmp_path):
     from matplotlib.image import imread
 

@@ -5,6 +5,7 @@ import contextlib
 import keras
 import numpy as np
 import pytest
+from conftest import in_one_pass
 from conftest import to_numpy
 
 import keras_transformer as kt
@@ -120,6 +121,7 @@ def test_the_cudnn_mask_form_gives_the_attention_of_our_mask():
         np.testing.assert_allclose(np.asarray(got), to_numpy(expected), rtol=1e-5, atol=1e-6)
 
 
+@in_one_pass("torch", "the layers' shapes, dtypes and masks, the same code under every backend")
 def test_a_mixed_bfloat16_training_step_reaches_attention_in_the_form_cudnn_takes(monkeypatch):
     """Every attention of a bfloat16 training step (encoder, masked decoder,
     encoder-decoder) reaches `attention.dot_product_attention` with inputs

@@ -6,6 +6,7 @@ import itertools
 import keras
 import numpy as np
 import pytest
+from conftest import in_one_pass
 from conftest import to_numpy
 from keras import ops
 
@@ -13,6 +14,10 @@ from keras_transformer.decoding import beam_search
 from keras_transformer.decoding import greedy_search
 from keras_transformer.decoding.beam_search import length_penalty
 from keras_transformer.decoding.beam_search import top_k
+
+# The search's logic over hand-made scores, run eagerly; each backend's
+# compiled search over a model is checked in test_compiled.py and test_steps.py.
+pytestmark = in_one_pass("torch", "the search's logic on hand-made scores; each backend's compiled search is tested in test_compiled.py")
 
 BOS, EOS = 1, 2
 A, B, C, D = 3, 4, 5, 6

@@ -9,7 +9,7 @@ import keras_transformer as kt
 from keras_transformer import layers
 from keras_transformer.decoding.steps import search_translations
 
-from conftest import assert_cached_decoding_matches, random_ids, to_numpy
+from conftest import assert_cached_decoding_matches, in_one_pass, random_ids, to_numpy
 
 V = 40
 D = 64  # the tiny preset's d_model, 4 heads of 16 by default
@@ -176,6 +176,7 @@ def test_options_survive_keras_save_and_load(batch, tmp_path):
     np.testing.assert_allclose(to_numpy(loaded(batch)), to_numpy(model(batch)), atol=1e-6)
 
 
+@in_one_pass("torch", "a file of every option saved here and loaded under another backend; test_serialization.py does so from every pass")
 def test_options_load_under_another_backend(batch, tmp_path):
     from test_serialization import logits_under_another_backend
 
