@@ -82,7 +82,6 @@ def test_attention_over_a_cache_while_decoding_equals_the_written_out_softmax(mo
     assert len(fused_calls) == (2 if keras.backend.backend() == "torch" else 0)
 
 
-
 def test_jax_sends_half_precision_attention_on_a_gpu_to_cudnn_only_in_forms_it_takes():
     def implementation(shape, dtype="bfloat16", key_length=None, platform="gpu"):
         query = np.zeros(shape, dtype="float32")

@@ -62,6 +62,18 @@ def test_a_step_of_direct_calls_trains_as_keras_s_calls_do(dtype, monkeypatch):
     assert any(not np.array_equal(a, b) for a, b in zip(plain_weights, weights))
 
 
+def test_steps_call_our_layers_directly_only_under_torch_uncompiled():
+    """Every backend: a step's context opens direct calls under torch, and
+    neither under TensorFlow and JAX, whose steps are traced, nor for a
+    step that torch compiles."""
+    assert not state.direct()
+    with state.direct_steps():
+        assert state.direct() == (keras.backend.backend() == "torch")
+    with state.direct_steps(compiled=True):
+        assert not state.direct()
+    assert not state.direct()
+
+
 def test_a_direct_call_drops_the_arguments_its_call_does_not_take():
     """Keras's Functional passes `training` and `mask` to every layer; the
     direct call passes on only what `call` takes, as `Layer.__call__` does."""

@@ -24,7 +24,7 @@ class DirectCalls:
             # Keras's Functional passes `training` and `mask` to every layer,
             # and `Layer.__call__` drops what `call` does not take.
             accepted = _call_arguments(type(self))
-            if accepted is not None:
+            if accepted is not None and not kwargs.keys() <= accepted:
                 kwargs = {name: value for name, value in kwargs.items() if name in accepted}
             if self.quantization_mode is not None:
                 return self.quantized_call(*args, **kwargs)
