@@ -81,7 +81,9 @@ def main():
     keras.utils.set_random_seed(0)
     model = speed.our_model(size, dtype=None if args.precision == "float32" else args.precision)
     speed.compile_model(model, warmup_steps=speed.WARMUP_STEPS, label_smoothing=speed.LABEL_SMOOTHING)
-    inputs, labels = speed.random_data(size, args.steps)
+    batches = speed.random_data(size, args.steps)
+    inputs = {key: np.concatenate([batch[0][key] for batch in batches]) for key in batches[0][0]}
+    labels = np.concatenate([batch[1] for batch in batches])
 
     def fit(steps, callbacks=()):
         model.fit(

@@ -3,7 +3,14 @@
     KERAS_BACKEND=jax python benchmarks/training_speed.py --size small \
         --precision mixed_bfloat16 --out benchmarks/results/speed.json
 
-The contenders, all of the same size, train on the same random token ids:
+The contenders, all of the same size, train on the same batches: random
+token ids of one length, or with `--corpus SOURCE TARGET` a parallel
+corpus's sentences, tokenized and bucketed as `keras-transformer train`
+does (about 25,000 padded tokens a side per batch, as in the paper;
+`--tokens-per-batch`, `--buckets`):
+
+    KERAS_BACKEND=jax python benchmarks/training_speed.py --size base \
+        --precision mixed_bfloat16 --corpus train.en train.de
 
 - `ours`: `build_transformer`, compiled with `training.compile_model` (the
   paper's Adam, schedule and label smoothing), trained with `fit`;
@@ -14,6 +21,11 @@ The contenders, all of the same size, train on the same random token ids:
 - `torch`: `torch.nn.Transformer` with a shared embedding, the same loss and
   Adam, in eager PyTorch (autocast for mixed_bfloat16); skipped when torch
   does not import. It runs whatever the Keras backend;
+- `ours_steps_per_execution` (asked for by name): ours compiled with
+  Keras's `steps_per_execution` (`--steps-per-execution`, 8), which runs
+  that many steps per call of the train function and reads the logs once;
+- `ours_xla_attention` (asked for by name, JAX): ours with XLA's attention
+  where a GPU would run cuDNN's fused kernel, to measure one against the other;
 - `ours_jit` (asked for by name): ours compiled with `jit_compile=True`,
   which is `torch.compile` of the train step under torch and XLA under
   TensorFlow (JAX always compiles with XLA), beside `ours` with
@@ -37,7 +49,10 @@ and the model FLOPs utilisation: the
 matmul FLOPs of a training step (forward 2*m*n*k per matmul, attention scores
 and values and the output projection included; backward twice the forward)
 per second, over the matmul rate measured in the same run with a large
-matmul in the same dtype through the same framework. `--size tiny` with
+matmul in the same dtype through the same framework. With a corpus, the
+FLOPs are those of the padded batches the device computes, and again of
+the sentences at their own lengths ("without padding"); target tokens
+are the real ones. `--size tiny` with
 `--steps 1 --rounds 1` is the smoke test's seconds-long run.
 """
 
@@ -116,7 +131,7 @@ import numpy as np  # noqa: E402
 from fit_timing import StepTimes  # noqa: E402
 
 
-def matmul_flops(num_layers, d_model, vocabulary_size, batch_size, length, **_):
+def matmul_flops(num_layers, d_model, vocabulary_size, batch_size, length, source_length=None, **_):
     """Matmul FLOPs of one training step: 3x the forward pass (backward = 2x).
 
     Per attention of `queries` positions over `keys` positions: the Q and
@@ -124,8 +139,10 @@ def matmul_flops(num_layers, d_model, vocabulary_size, batch_size, length, **_):
     (2 * k * d * d each), the scores QK^T and the weighted values
     (2 * q * k * d each). The causal mask is not subtracted: the full T x T
     scores are computed. Embedding lookups are gathers, not counted.
+    `length` is the target's; the source's is the same unless given.
     """
     d, d_ff = d_model, 4 * d_model
+    source = length if source_length is None else source_length
 
     def attention(queries, keys):
         return 2 * batch_size * (2 * queries * d * d + 2 * keys * d * d + 2 * queries * keys * d)
@@ -133,10 +150,24 @@ def matmul_flops(num_layers, d_model, vocabulary_size, batch_size, length, **_):
     def feed_forward(positions):
         return 2 * 2 * batch_size * positions * d * d_ff
 
-    encoder = attention(length, length) + feed_forward(length)
-    decoder = attention(length, length) + attention(length, length) + feed_forward(length)
+    encoder = attention(source, source) + feed_forward(source)
+    decoder = attention(length, length) + attention(length, source) + feed_forward(length)
     logits = 2 * batch_size * length * d * vocabulary_size
     return 3 * (num_layers * (encoder + decoder) + logits)
+
+
+def batch_flops(size, inputs, labels):
+    """(FLOPs of the padded batch as the device runs it, FLOPs of its
+    sentences at their own lengths): the second leaves padding out."""
+    rows, length = labels.shape
+    architecture = {key: size[key] for key in ("num_layers", "d_model", "vocabulary_size")}
+    padded = matmul_flops(**architecture, batch_size=rows, length=length,
+                          source_length=inputs["source_ids"].shape[1])
+    real = sum(
+        matmul_flops(**architecture, batch_size=1, length=int(t), source_length=int(s))
+        for s, t in zip((inputs["source_ids"] != 0).sum(1), (labels != 0).sum(1))
+    )
+    return padded, real
 
 
 # === The backend: device, synchronisation, memory ===
@@ -249,17 +280,26 @@ def keras_matmul_rate(dtype, size, repeats):
 class KerasContender:
     """A compiled Keras model, trained with `fit` on fixed batches."""
 
-    def __init__(self, name, model, inputs, labels, batch_size):
+    def __init__(self, name, model, batches, context=contextlib.nullcontext):
         self.name = name
         self.model = model
-        self.inputs = inputs
-        self.labels = labels
-        self.batch_size = batch_size
+        self.batches = batches
+        self.context = context  # around each `fit`, where steps are traced
+        shapes = {labels.shape for _, labels in batches}
+        # Batches of one shape go in as arrays, which `fit` slices itself;
+        # real lengths one batch at a time, as the `train` command feeds them.
+        self.arrays = None
+        if len(shapes) == 1:
+            self.arrays = (
+                {key: np.concatenate([inputs[key] for inputs, _ in batches]) for key in batches[0][0]},
+                np.concatenate([labels for _, labels in batches]),
+            )
         self.parameters = model.count_params()
         self.jit_compile = model.jit_compile  # Keras's resolved setting
 
     def train(self, steps):
-        """Trains `steps` steps with one `fit`; returns the seconds they took.
+        """Trains on the first `steps` batches with one `fit`; returns the
+        seconds they took.
 
         The steps are timed from the start of the first to the end of the
         last, which a callback marks once the step's logs (read on the host,
@@ -267,14 +307,26 @@ class KerasContender:
         after is not counted: under TensorFlow, the teardown of the `tf.data`
         pipeline that Keras makes of arrays can idle for seconds at the end.
         """
-        rows = steps * self.batch_size
+        with self.context():
+            return self._train(steps)
+
+    def _train(self, steps):
         timer = StepTimes()
-        self.model.fit(
-            {key: value[:rows] for key, value in self.inputs.items()},
-            self.labels[:rows],
-            batch_size=self.batch_size, epochs=1, verbose=0, shuffle=False,
-            callbacks=[timer],
-        )
+        if self.arrays is not None:
+            batch_size = len(self.batches[0][1])
+            inputs, labels = self.arrays
+            rows = steps * batch_size
+            self.model.fit(
+                {key: value[:rows] for key, value in inputs.items()}, labels[:rows],
+                batch_size=batch_size, epochs=1, verbose=0, shuffle=False, callbacks=[timer],
+            )
+        else:
+            # A generator, which our model's `fit` checks on the host as
+            # it yields, as it does `train`'s batches (not in the step).
+            self.model.fit(
+                (batch for batch in self.batches[:steps]), steps_per_epoch=steps,
+                epochs=1, verbose=0, shuffle=False, callbacks=[timer],
+            )
         return timer.ends[-1] - timer.first
 
 
@@ -324,14 +376,13 @@ def keras_hub_transformer(vocabulary_size, num_layers, d_model, num_heads, dtype
 class TorchContender:
     """`torch.nn.Transformer` with a shared embedding, trained in eager mode."""
 
-    def __init__(self, size, precision, inputs, labels):
+    def __init__(self, size, precision, batches):
         import torch
 
         self.torch = torch
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.name = "torch"
         self.jit_compile = None  # eager PyTorch
-        self.batch_size = size["batch_size"]
         self.model = _torch_transformer(size).to(self.device)
         self.parameters = sum(p.numel() for p in self.model.parameters())
         self.autocast_dtype = torch.bfloat16 if precision == "mixed_bfloat16" else None
@@ -344,20 +395,18 @@ class TorchContender:
             self.optimizer,
             lambda step: d_model**-0.5 * min((step + 1) ** -0.5, (step + 1) * WARMUP_STEPS**-1.5),
         )
-        self.source = torch.from_numpy(inputs["source_ids"]).long()
-        self.target = torch.from_numpy(inputs["target_ids"]).long()
-        self.labels = torch.from_numpy(labels).long()
+        self.batches = [
+            tuple(torch.from_numpy(array).long() for array in (inputs["source_ids"], inputs["target_ids"], labels))
+            for inputs, labels in batches
+        ]
 
     def train(self, steps):
-        """Trains `steps` steps; returns the seconds they took."""
+        """Trains on the first `steps` batches; returns the seconds they took."""
         torch = self.torch
         start = time.perf_counter()
         self.model.train()
-        for step in range(steps):
-            rows = slice(step * self.batch_size, (step + 1) * self.batch_size)
-            source = self.source[rows].to(self.device, non_blocking=True)
-            target = self.target[rows].to(self.device, non_blocking=True)
-            labels = self.labels[rows].to(self.device, non_blocking=True)
+        for batch in self.batches[:steps]:
+            source, target, labels = (tensor.to(self.device, non_blocking=True) for tensor in batch)
             with torch.autocast(
                 self.device, dtype=self.autocast_dtype or torch.float32,
                 enabled=self.autocast_dtype is not None,
@@ -471,36 +520,63 @@ def our_model(size, dtype=None):
 
 
 def random_data(size, steps, seed=0):
-    """Random token ids for `steps` steps: `({"source_ids", "target_ids"}, labels)`,
-    each int32 `[batch_size * steps, length]`, no padding."""
+    """`steps` batches of random token ids, `({"source_ids", "target_ids"},
+    labels)`, each int32 `[batch_size, length]`, no padding."""
     rng = np.random.default_rng(seed)
-    shape = (size["batch_size"] * steps, size["length"])
+    shape = (size["batch_size"], size["length"])
 
     def random_ids():
         return rng.integers(FIRST_ID, size["vocabulary_size"], shape).astype("int32")
 
-    return {"source_ids": random_ids(), "target_ids": random_ids()}, random_ids()
+    return [({"source_ids": random_ids(), "target_ids": random_ids()}, random_ids()) for _ in range(steps)]
 
 
-def build_contenders(args, size, inputs, labels, skipped):
+def corpus_data(source_path, target_path, tokens_per_batch, buckets, steps, vocabulary_size=8000, seed=0):
+    """`steps` batches of a parallel corpus, made as `keras-transformer train`
+    makes them: a shared BPE vocabulary learned from the files,
+    pairs of at most 256 tokens, `TokenBatches` of `tokens_per_batch`
+    padded tokens a side in at most `buckets` lengths, shuffled."""
+    from keras_transformer.data.batches import TokenBatches
+    from keras_transformer.data.prepared import read_pairs, tokenize_pairs
+    from keras_transformer.data.tokenizer import SubwordTokenizer
+
+    pairs = [pair for chunk in read_pairs([source_path], [target_path]) for pair in chunk]
+    tokenizer = SubwordTokenizer.train(pairs, vocabulary_size, seed=seed)
+    tokenized = tokenize_pairs([s for s, _ in pairs], [t for _, t in pairs], tokenizer)
+    batches = TokenBatches(tokenized, tokens_per_batch, max_length=256, repeat=True, seed=seed, buckets=buckets)
+    return [batches[index] for index in range(steps)]
+
+
+def build_contenders(args, size, batches, skipped):
     """The contenders in turn order, with their build times."""
     dtype = None if args.precision == "float32" else args.precision
     architecture = {key: size[key] for key in ("vocabulary_size", "num_layers", "d_model", "num_heads")}
     built = []
 
-    def keras_contender(name, make_model, jit_compile=args.jit_compile):
+    def keras_contender(
+        name, make_model, jit_compile=args.jit_compile, context=contextlib.nullcontext, steps_per_execution=1
+    ):
         start = time.perf_counter()
         with data_parallel_scope(args.data_parallel):
             model = make_model()
             compile_model(
-                model, warmup_steps=WARMUP_STEPS, label_smoothing=LABEL_SMOOTHING, jit_compile=jit_compile
+                model, warmup_steps=WARMUP_STEPS, label_smoothing=LABEL_SMOOTHING, jit_compile=jit_compile,
+                steps_per_execution=steps_per_execution,
             )
-        contender = KerasContender(name, model, inputs, labels, size["batch_size"])
+        contender = KerasContender(name, model, batches, context)
         built.append((contender, time.perf_counter() - start))
 
     keras_contender("ours", lambda: our_model(size, dtype))
     if "ours_jit" in args.contenders:
         keras_contender("ours_jit", lambda: our_model(size, dtype), jit_compile=True)
+    if "ours_steps_per_execution" in args.contenders:
+        keras_contender(
+            "ours_steps_per_execution", lambda: our_model(size, dtype), steps_per_execution=args.steps_per_execution
+        )
+    if "ours_xla_attention" in args.contenders:
+        from keras_transformer.backend import attention
+
+        keras_contender("ours_xla_attention", lambda: our_model(size, dtype), context=attention.xla_attention)
     if "keras_hub" in args.contenders:
         keras_hub, reason = optional_import("keras_hub")
         if keras_hub is None:
@@ -513,7 +589,7 @@ def build_contenders(args, size, inputs, labels, skipped):
             skipped["torch"] = reason
         else:
             start = time.perf_counter()
-            contender = TorchContender(size, args.precision, inputs, labels)
+            contender = TorchContender(size, args.precision, batches)
             built.append((contender, time.perf_counter() - start))
     return built
 
@@ -545,12 +621,19 @@ def run(args):
     size = dict(SIZES[args.size])
     if args.batch_size is not None:
         size["batch_size"] = args.batch_size
-    batch_size, length = size["batch_size"], size["length"]
-    inputs, labels = random_data(size, args.steps)
+    if args.corpus:
+        batches = corpus_data(*args.corpus, args.tokens_per_batch, args.buckets, args.steps, args.corpus_vocabulary)
+        # The corpus's ids folded into a smaller vocabulary (tiny's).
+        vocabulary = size["vocabulary_size"]
+        for inputs, labels in batches:
+            for ids in (*inputs.values(), labels):
+                ids[ids >= vocabulary] = FIRST_ID + ids[ids >= vocabulary] % (vocabulary - FIRST_ID)
+    else:
+        batches = random_data(size, args.steps)
     device, device_name = keras_device()
     keras_framework = keras.backend.backend()
     skipped = {}
-    contenders = build_contenders(args, size, inputs, labels, skipped)
+    contenders = build_contenders(args, size, batches, skipped)
     for name, reason in skipped.items():
         print(f"skipped {name}: {reason}")
 
@@ -617,18 +700,26 @@ def run(args):
             if peak_bytes is not None:
                 result["peak_memory_bytes"] = max(result["peak_memory_bytes"] or 0, peak_bytes)
 
-    flops = matmul_flops(**size)
+    if args.profile:
+        profile_turns(args, order, results)
+
+    # Per turn: the padded batches' FLOPs (what the device computes), their
+    # sentences' own (padding left out), and the target tokens (labels).
+    flops, real_flops = map(sum, zip(*(batch_flops(size, *batch) for batch in batches)))
+    target_tokens = sum(int((labels != 0).sum()) for _, labels in batches)
+    padded_tokens = sum(labels.size for _, labels in batches)
     for name, result in results.items():
-        step_seconds = statistics.median(result["turn_seconds"]) / args.steps
+        turn_seconds = statistics.median(result["turn_seconds"])
         framework = "torch" if name == "torch" else "keras"
-        result["step_seconds"] = step_seconds
-        result["target_tokens_per_second"] = batch_size * length / step_seconds
-        result["flops_per_second"] = flops / step_seconds
-        result["mfu"] = flops / step_seconds / peak[framework]
+        result["step_seconds"] = turn_seconds / args.steps
+        result["target_tokens_per_second"] = target_tokens / turn_seconds
+        result["flops_per_second"] = flops / turn_seconds
+        result["mfu"] = flops / turn_seconds / peak[framework]
+        result["mfu_without_padding"] = real_flops / turn_seconds / peak[framework]
         if bfloat16_peak is not None:
-            result["mfu_of_bfloat16_peak"] = flops / step_seconds / bfloat16_peak
+            result["mfu_of_bfloat16_peak"] = flops / turn_seconds / bfloat16_peak
     ratios = {}
-    for other in ("ours_jit", "keras_hub", "torch"):
+    for other in ("ours_jit", "ours_steps_per_execution", "ours_xla_attention", "keras_hub", "torch"):
         if other in results:
             ratios[f"ours/{other}"] = (
                 results["ours"]["target_tokens_per_second"]
@@ -647,7 +738,11 @@ def run(args):
         "versions": versions(),
         "steps_per_turn": args.steps,
         "rounds": args.rounds,
-        "matmul_flops_per_step": flops,
+        "matmul_flops_per_step": flops / args.steps,
+        "data": corpus_note(args),
+        "batch_shapes": sorted({(len(labels), inputs["source_ids"].shape[1], labels.shape[1]) for inputs, labels in batches}),
+        "target_tokens_per_step": target_tokens / args.steps,
+        "padding": 1 - target_tokens / padded_tokens,
         "peak_matmul_flops_per_second": peak,
         "peak_matmul_size": matmul_size,
         "bfloat16_peak_matmul_flops_per_second": bfloat16_peak,
@@ -655,6 +750,38 @@ def run(args):
         "skipped": skipped,
         "ratios": ratios,
     }
+
+
+def profile_turns(args, contenders, results):
+    """One more turn of each Keras contender under JAX's profiler: the GPU's
+    kernel time by kind, beside the turn's wall time (`device_trace`)."""
+    import tempfile
+
+    import device_trace
+
+    for contender in contenders:
+        if contender.name == "torch":
+            continue
+        directory = tempfile.mkdtemp(prefix=f"trace_{contender.name}_")
+        contender.train(1)
+        try:
+            with device_trace.traced(directory):
+                seconds = contender.train(args.steps)
+            summary = device_trace.kernel_time(directory)
+        except Exception as error:  # a profiler that fails costs the trace, not the figures
+            results[contender.name]["device_trace"] = {"error": f"{type(error).__name__}: {error}"}
+            print(f"\n{contender.name}: no trace ({type(error).__name__}: {error})")
+            continue
+        results[contender.name]["device_trace"] = summary and summary | {"wall_seconds": seconds}
+        print(f"\n{contender.name}, one traced turn of {args.steps} steps:")
+        print("no GPU kernels in the trace" if summary is None else device_trace.markdown(summary, seconds, args.steps))
+
+
+def corpus_note(args):
+    if not args.corpus:
+        return "random ids, one length"
+    return (f"the lengths of {os.path.basename(args.corpus[1])}, batched by TokenBatches "
+            f"({args.tokens_per_batch:,} tokens a side, at most {args.buckets} lengths)")
 
 
 def versions():
@@ -666,19 +793,24 @@ def versions():
     return found
 
 
+def padding_note(padding):
+    return "" if padding == 0 else f" ({padding:.0%} of the target side padding)"
+
+
 def markdown_table(report):
     lines = [
         f"{report['size']}, {report['precision']}, Keras backend {report['keras_backend']}"
         f"{' (data parallel)' if report['data_parallel'] else ''}"
         f"{'' if report['jit_compile'] == 'auto' else ', jit_compile=' + str(report['jit_compile'])}, "
         f"{report['device_name']}; "
-        f"{report['shape']['batch_size']}x{report['shape']['length']} target tokens per step, "
+        f"{report['data']}: {report['target_tokens_per_step']:,.0f} target tokens per step"
+        f"{padding_note(report['padding'])}, "
         f"{report['matmul_flops_per_step'] / 1e9:.1f} GFLOP per step; median of "
         f"{report['rounds']} turns of {report['steps_per_turn']} steps",
         "",
-        "| contender | parameters | target tokens/s | ms/step | MFU | MFU of bf16 peak | ours / this | "
-        "first step (s) | peak memory (MiB) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| contender | parameters | target tokens/s | ms/step | MFU | MFU without padding | MFU of bf16 peak | "
+        "ours / this | first step (s) | peak memory (MiB) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, result in report["contenders"].items():
         ratio = report["ratios"].get(f"ours/{name}")
@@ -686,7 +818,7 @@ def markdown_table(report):
         lines.append(
             f"| {name} ({result['framework']}) | {result['parameters']:,} | "
             f"{result['target_tokens_per_second']:,.0f} | {result['step_seconds'] * 1000:.2f} | "
-            f"{result['mfu']:.2%} | "
+            f"{result['mfu']:.2%} | {result['mfu_without_padding']:.2%} | "
             f"{'n/a' if 'mfu_of_bfloat16_peak' not in result else format(result['mfu_of_bfloat16_peak'], '.2%')} | "
             f"{'' if ratio is None else f'{ratio:.2f}'} | "
             f"{result['first_step_seconds']:.1f} | "
@@ -717,11 +849,24 @@ def main():
     parser.add_argument("--settle", type=float, default=1.0,
                         help="idle seconds before each turn")
     parser.add_argument("--contenders", nargs="*", default=["keras_hub", "torch"],
-                        choices=["ours_jit", "keras_hub", "torch"], help="besides ours")
+                        choices=["ours_jit", "ours_steps_per_execution", "ours_xla_attention", "keras_hub", "torch"],
+                        help="besides ours")
+    parser.add_argument("--steps-per-execution", type=int, default=8,
+                        help="ours_steps_per_execution's (Keras's compile argument); divides --steps")
     parser.add_argument("--jit-compile", choices=["auto", "true", "false"], default="auto",
                         help="compile_model's jit_compile for ours and keras_hub")
     parser.add_argument("--data-parallel", action="store_true",
                         help="build the Keras models under the backend's data-parallel engine")
+    parser.add_argument("--corpus", nargs=2, metavar=("SOURCE", "TARGET"),
+                        help="parallel text files whose sentences' lengths make the batches, "
+                        "bucketed as `keras-transformer train` does (default: random ids, one length)")
+    parser.add_argument("--tokens-per-batch", type=int, default=25000,
+                        help="with --corpus: padded tokens a side per batch (the paper's 25,000)")
+    parser.add_argument("--buckets", type=int, default=8, help="with --corpus: at most this many lengths")
+    parser.add_argument("--corpus-vocabulary", type=int, default=8000,
+                        help="with --corpus: the BPE vocabulary learned from it, which sets the lengths")
+    parser.add_argument("--profile", action="store_true",
+                        help="JAX: then one traced turn per Keras contender, its GPU kernel time by kind")
     parser.add_argument("--out", help="where to write the JSON report")
     args = parser.parse_args()
     if args.steps < 1 or args.rounds < 1:
@@ -729,6 +874,19 @@ def main():
     if args.batch_size is not None and args.batch_size < 1:
         parser.error(f"--batch-size must be >= 1. Received: {args.batch_size}")
 
+    if args.corpus and (args.tokens_per_batch < 256 or not 1 <= args.buckets <= 64):
+        parser.error(f"--tokens-per-batch must be >= 256 and --buckets from 1 to 64. "
+                     f"Received: {args.tokens_per_batch}, {args.buckets}")
+    for path in args.corpus or ():
+        if not os.path.isfile(path):
+            parser.error(f"--corpus: no such file: {path}")
+    if "ours_steps_per_execution" in args.contenders and (
+        args.steps_per_execution < 1 or args.steps % args.steps_per_execution
+    ):
+        parser.error(f"--steps-per-execution must be >= 1 and divide --steps ({args.steps}). "
+                     f"Received: {args.steps_per_execution}")
+    if args.profile and keras.backend.backend() != "jax":
+        parser.error(f"--profile reads JAX's trace; the backend is {keras.backend.backend()}")
     args.jit_compile = {"auto": "auto", "true": True, "false": False}[args.jit_compile]
     report = run(args)
     if args.out:

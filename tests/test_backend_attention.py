@@ -82,20 +82,25 @@ def test_attention_over_a_cache_while_decoding_equals_the_written_out_softmax(mo
     assert len(fused_calls) == (2 if keras.backend.backend() == "torch" else 0)
 
 
-def test_jax_sends_half_precision_attention_on_a_gpu_to_cudnn_only_in_forms_it_takes():
+def test_jax_sends_long_half_precision_attention_on_a_gpu_to_cudnn_only_in_forms_it_takes():
     def implementation(shape, dtype="bfloat16", key_length=None, platform="gpu"):
         query = np.zeros(shape, dtype="float32")
         key = np.zeros((shape[0], key_length or shape[1]) + shape[2:], dtype="float32")
         query, key = (keras.ops.cast(keras.ops.convert_to_tensor(x), dtype) for x in (query, key))
         return attention.jax_implementation(query, key, platform=platform)
 
-    assert implementation((8, 32, 8, 64)) == "cudnn"
-    assert implementation((8, 32, 8, 64), "float16", key_length=18) == "cudnn"
-    assert implementation((8, 32, 8, 64), "float32") == "xla"  # cuDNN: half precision only
-    assert implementation((8, 31, 8, 64)) == "xla"  # odd query length
-    assert implementation((8, 32, 8, 64), key_length=17) == "xla"  # odd key length
-    assert implementation((8, 32, 8, 12)) == "xla"  # head size off cuDNN's grid
-    assert implementation((8, 32, 8, 64), platform="cpu") == "xla"
+    assert implementation((2, 128, 8, 64)) == "cudnn"
+    assert implementation((2, 256, 8, 64), "float16", key_length=130) == "cudnn"
+    assert implementation((2, 128, 8, 64), "float32") == "xla"  # cuDNN: half precision only
+    assert implementation((2, 129, 8, 64)) == "xla"  # odd query length
+    assert implementation((2, 128, 8, 64), key_length=131) == "xla"  # odd key length
+    assert implementation((2, 128, 8, 12)) == "xla"  # head size off cuDNN's grid
+    assert implementation((2, 128, 8, 64), platform="cpu") == "xla"
+    # Shorter than CUDNN_MIN_LENGTH on either side: XLA's is the faster.
+    assert implementation((8, 32, 8, 64)) == "xla"
+    assert implementation((2, 256, 8, 64), key_length=64) == "xla"
+    with attention.xla_attention():  # asked for, to measure one against the other
+        assert implementation((2, 128, 8, 64)) == "xla"
 
 
 def test_the_cudnn_mask_form_gives_the_attention_of_our_mask():
@@ -118,6 +123,29 @@ def test_the_cudnn_mask_form_gives_the_attention_of_our_mask():
             scale=0.3,
         )
         np.testing.assert_allclose(np.asarray(got), to_numpy(expected), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="cuDNN's fused attention is reached under JAX only")
+def test_where_cudnn_refuses_xla_attends_and_one_warning_says_why(monkeypatch):
+    """On a GPU whose cuDNN refuses the fused attention while tracing (here:
+    none is found), the attention is XLA's, the same as for float32 inputs,
+    and the refusal is warned once, not at every call."""
+    import jax
+
+    if jax.default_backend() == "gpu":
+        pytest.skip("this GPU's cuDNN may take the attention; the refusal is a CPU's")
+    monkeypatch.setattr(attention, "jax_implementation", lambda query, key: "cudnn")
+    monkeypatch.setattr(attention, "_refusals", [])
+    rng = np.random.default_rng(2)
+    query, key, value = (keras.ops.convert_to_tensor(rng.normal(size=(2, 4, 2, 8)), "bfloat16") for _ in range(3))
+    mask = keras.ops.convert_to_tensor(np.array([[True] * 4, [True, True, False, False]])[:, None, :])
+    with pytest.warns(UserWarning, match="refused here, so XLA's runs instead") as warned:
+        first = attention.dot_product_attention(query, key, value, mask, 0.3)
+        second = attention.dot_product_attention(query, key, value, mask, 0.3)
+    assert len(warned) == 1 and len(attention._refusals) == 2
+    expected = keras.ops.dot_product_attention(query, key, value, mask=mask[:, None], scale=0.3)
+    np.testing.assert_array_equal(to_numpy(first).astype("float32"), to_numpy(expected).astype("float32"))
+    np.testing.assert_array_equal(to_numpy(second).astype("float32"), to_numpy(first).astype("float32"))
 
 
 @in_one_pass("torch", "the layers' shapes, dtypes and masks, the same code under every backend")
@@ -143,6 +171,6 @@ def test_a_mixed_bfloat16_training_step_reaches_attention_in_the_form_cudnn_take
     assert len(seen) == 3 * model.config.num_layers
     for query, key, mask in seen:
         assert keras.backend.standardize_dtype(query.dtype) == "bfloat16"
-        assert attention.jax_implementation(query, key, platform="gpu") == "cudnn"
+        assert attention.cudnn_takes(query, key, platform="gpu")
         form = attention.cudnn_mask(mask, query.shape[1], key.shape[1])
         assert form.shape == (2, 1, query.shape[1], key.shape[1])

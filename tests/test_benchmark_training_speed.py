@@ -106,3 +106,68 @@ def test_profile_step_sums_the_traced_operations_by_part():
     assert rows["matmuls"] > 0 and rows["Adam update"] > 0
     parts = sum(value for part, value in rows.items() if part != "all")
     assert rows["all"] == pytest.approx(parts, abs=0.01 * len(rows))
+
+
+def test_a_corpus_makes_bucketed_batches_whose_padding_the_report_leaves_out(tmp_path):
+    """`--corpus`: batches of a real corpus's lengths, as `train` buckets
+    them; target tokens are the real ones, and the FLOPs without padding
+    are fewer than those the device computes."""
+    from keras_transformer.data import builtin_corpus
+
+    corpus = builtin_corpus("valid", size=400)
+    source, target = tmp_path / "pairs.en", tmp_path / "pairs.de"
+    source.write_text("".join(line + "\n" for line in corpus.sources), encoding="utf-8")
+    target.write_text("".join(line + "\n" for line in corpus.targets), encoding="utf-8")
+    out = tmp_path / "speed.json"
+    result = subprocess.run(
+        [sys.executable, SCRIPT, "--size", "tiny", "--corpus", str(source), str(target),
+         "--corpus-vocabulary", "500", "--tokens-per-batch", "512", "--buckets", "2", "--steps", "2", "--rounds", "1", "--settle", "0",
+         "--contenders", "--out", str(out)],
+        env=dict(os.environ, KERAS_BACKEND=keras.backend.backend(), TF_CPP_MIN_LOG_LEVEL="3"),
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert "the lengths of pairs.de" in report["data"]
+    assert 1 <= len({shape[2] for shape in report["batch_shapes"]}) <= 2  # at most 2 lengths
+    assert 0 < report["padding"] < 1
+    assert report["target_tokens_per_step"] < max(rows * length for rows, _, length in report["batch_shapes"])
+    ours = report["contenders"]["ours"]
+    assert 0 < ours["mfu_without_padding"] < ours["mfu"]
+    bad = subprocess.run(
+        [sys.executable, SCRIPT, "--corpus", str(source), str(tmp_path / "missing.de")],
+        env=dict(os.environ, KERAS_BACKEND=keras.backend.backend()), capture_output=True, text=True, timeout=300,
+    )
+    assert bad.returncode == 2 and "--corpus: no such file" in bad.stderr
+
+
+def test_the_device_trace_sorts_kernels_by_kind_and_splits_idle_time():
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    import device_trace
+
+    assert device_trace.kind_of("nvjet_sm90_tst_256x128") == "matmul"
+    assert device_trace.kind_of("cudnn_generated_fort_native_sdpa_sm90_flash_bprop") == "fused attention (cuDNN)"
+    assert device_trace.kind_of("input_scatter_fusion") == "scatter (embedding gradients)"
+    assert device_trace.kind_of("loop_add_fusion_11") == "other XLA fusions"
+    # Two kernels overlap, then a 2 us gap, then a 1 ms one (a wait on the host).
+    spans = [(0, 10, "a"), (5, 20, "b"), (22, 40, "c"), (1_000_040, 1_000_050, "d")]
+    idle = device_trace.idle_gaps(spans, long_ns=500_000)
+    assert idle["seconds"] == pytest.approx((2 + 1_000_000) / 1e9)
+    assert idle["long_gaps"] == 1 and idle["long_seconds"] == pytest.approx(1e-3)
+    assert idle["around"] == [("c -> d", pytest.approx(1e-3))]
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="the attention benchmark times JAX's implementations")
+def test_attention_speed_times_both_implementations_per_length_and_mask(tmp_path):
+    out = tmp_path / "attention.json"
+    result = subprocess.run(
+        [sys.executable, os.path.join(os.path.dirname(SCRIPT), "attention_speed.py"),
+         "--lengths", "4", "8", "--tokens", "32", "--repeats", "1", "--json", str(out)],
+        env=dict(os.environ, KERAS_BACKEND="jax"), capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(row["length"], row["mask"]) for row in rows] == [
+        (4, "padding"), (4, "padding and causal"), (8, "padding"), (8, "padding and causal")
+    ]
+    assert all(row["chosen"] == "xla" and row["chosen_seconds"] > 0 and row["xla_seconds"] > 0 for row in rows)

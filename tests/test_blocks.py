@@ -26,6 +26,41 @@ def test_token_embedding_scales_by_sqrt_d_model_and_projects_back(rng):
     )
 
 
+def embedding_gradient(layer, ids):
+    """d(sum of the float32 embeddings of `ids`) / dE, on any backend."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        def total(weights):
+            embedded, _ = layer.stateless_call(weights, [], ids)
+            return embedded.astype("float32").sum()
+
+        return np.asarray(jax.grad(total)([v.value for v in layer.trainable_variables])[0])
+    if backend == "torch":
+        layer(ids).float().sum().backward()
+        return layer.embeddings.value.grad.numpy()
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        total = tf.reduce_sum(tf.cast(layer(ids), "float32"))
+    return tf.convert_to_tensor(tape.gradient(total, layer.embeddings.value)).numpy()
+
+
+def test_a_frequent_tokens_embedding_gradient_sums_in_float32_under_mixed_precision():
+    """A token that fills a batch gets one gradient row per occurrence; in
+    bfloat16 their sum stalls at 512 here (torch summed so before), where
+    float32 sums 3,000 rows of sqrt(d_model) = 2 exactly. The embeddings
+    still come out in the compute dtype."""
+    layer = TokenEmbedding(vocabulary_size=10, d_model=4, dtype="mixed_bfloat16")
+    ids = np.full((1, 3000), 5, "int32")
+    assert keras.backend.standardize_dtype(layer(ids).dtype) == "bfloat16"
+    gradient = embedding_gradient(layer, ids)
+    assert gradient.dtype == np.float32
+    np.testing.assert_array_equal(gradient[5], np.full(4, 3000 * 2.0, "float32"))
+    np.testing.assert_array_equal(np.delete(gradient, 5, axis=0), 0)
+
+
 def test_feed_forward_is_relu_between_two_linear_maps(rng):
     layer = PositionwiseFeedForward(d_ff=32)
     x = rng.normal(size=(B, S, D)).astype("float32")

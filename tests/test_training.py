@@ -118,6 +118,47 @@ def test_fit_stops_at_exactly_train_steps_with_a_last_checkpoint(tmp_path):
     assert int(to_numpy(model.optimizer.iterations)) == 12
 
 
+def test_steps_per_execution_is_the_largest_power_of_two_dividing_every_interval():
+    assert training.trainer.steps_per_execution(6000, 500, 100, 0) == 4
+    assert training.trainer.steps_per_execution(6000, 1000, 1000, 3000) == 8
+    assert training.trainer.steps_per_execution(7, 5, 100) == 1
+    assert training.trainer.steps_per_execution(64, 32, most=16) == 16
+
+
+def test_several_steps_a_call_checkpoint_log_and_end_where_one_step_a_call_does(tmp_path):
+    """With 4 steps per call of the train function, Keras sees the logs and
+    calls the callbacks once a call: the checkpoints, progress lines and the
+    last step still fall on their steps, and the weights are those of one
+    step a call. Counts that a call would overrun are refused. Keras's torch
+    backend takes one step a call, and says so."""
+    if keras.backend.backend() == "torch":
+        with pytest.raises(ValueError, match="one step per call.*steps_per_execution=4"):
+            training.compile_model(kt.build_transformer("tiny", vocabulary_size=16), steps_per_execution=4)
+        return
+
+    def train(model_dir, steps_per_execution):
+        keras.utils.set_random_seed(0)
+        model = training.compile_model(
+            kt.build_transformer("tiny", vocabulary_size=16, num_layers=1), warmup_steps=5,
+            steps_per_execution=steps_per_execution,
+        )
+        lines = []
+        progress = training.ProgressLog(12, every=4, log=lines.append)
+        model = training.fit(model, reversal_batches(), model_dir, 12, checkpoint_every=8, callbacks=[progress], verbose=0)
+        return model, lines
+
+    batched, lines = train(tmp_path / "four", 4)
+    assert int(to_numpy(batched.optimizer.iterations)) == 12
+    assert saved_steps(tmp_path / "four" / "checkpoints") == [8, 12]
+    assert [line.split(" |")[0] for line in lines] == ["step 4/12", "step 8/12", "step 12/12"]
+    single, _ = train(tmp_path / "one", 1)
+    for got, want in zip(batched.get_weights(), single.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    model = training.compile_model(kt.build_transformer("tiny", vocabulary_size=16, num_layers=1), steps_per_execution=4)
+    with pytest.raises(ValueError, match=r"must divide train_steps.*train_steps=10, checkpoint_every=8.*steps_per_execution=2"):
+        training.fit(model, reversal_batches(), tmp_path / "ten", 10, checkpoint_every=8, verbose=0)
+
+
 def test_a_write_cut_short_by_a_crash_neither_stops_nor_counts_in_a_resume(tmp_path):
     model = training.compile_model(kt.build_transformer("tiny", vocabulary_size=16, num_layers=1), warmup_steps=5)
     model = training.fit(model, reversal_batches(), tmp_path, 5, checkpoint_every=5, verbose=0)

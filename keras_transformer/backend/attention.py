@@ -2,11 +2,12 @@
 
 `dot_product_attention` takes queries, keys and values with the heads
 third, `[B, T, N, H]`, as `keras.ops.dot_product_attention` does. Under
-JAX on a GPU, half-precision attention goes to cuDNN's fused kernel with
-the mask spelled out to `[B, 1, T, S]`, the form it takes (a padding mask
-`[B, 1, 1, S]` it refuses); what cuDNN cannot take (float32, odd lengths
-in training, head sizes off its grid) goes to XLA's attention without
-Keras's attempt and logged traceback. While decoding under torch, torch's
+JAX on a GPU, half-precision attention over 128 positions or more goes to
+cuDNN's fused kernel with the mask spelled out to `[B, 1, T, S]`, the form
+it takes (a padding mask `[B, 1, 1, S]` it refuses); shorter sentences,
+where XLA's attention is faster, and what cuDNN cannot take (float32, odd
+lengths, head sizes off its grid) go to XLA's attention without Keras's
+attempt and logged traceback. While decoding under torch, torch's
 `scaled_dot_product_attention` gets the heads-second views of the inputs
 as they are, where Keras's copies each into a contiguous tensor first.
 
@@ -15,12 +16,28 @@ which torch's fused attention takes as it is; elsewhere the attention layer
 writes the softmax out.
 """
 
+import contextlib
+import warnings
+
 import keras
 from keras import ops
 
 from keras_transformer.backend import state
 
 _large_negatives = {}
+_refusals = []  # why cuDNN refused, once warned
+_xla_only = []  # inside `xla_attention()`
+
+
+@contextlib.contextmanager
+def xla_attention():
+    """Attention traced inside runs XLA's implementation under JAX, also
+    where cuDNN's would: to measure one against the other."""
+    _xla_only.append(True)
+    try:
+        yield
+    finally:
+        _xla_only.pop()
 
 
 def flash_attention():
@@ -41,7 +58,9 @@ def dot_product_attention(query, key, value, mask, scale):
         )
         return attended.transpose(1, 2)
     if keras.backend.backend() == "jax" and jax_implementation(query, key) == "cudnn":
-        return _cudnn_attention(query, key, value, mask, scale)
+        attended = _cudnn_attention(query, key, value, mask, scale)
+        if attended is not None:
+            return attended
     return ops.dot_product_attention(
         query,
         key,
@@ -52,18 +71,34 @@ def dot_product_attention(query, key, value, mask, scale):
     )
 
 
+# Below this many queries or keys, XLA's attention ran faster than cuDNN's
+# fused kernel on an H200 (bfloat16, 8 heads of 64, forward and backward, at
+# 25,000 positions a batch: XLA 2.3-3.4x faster at 16-32, 1.1-1.2x at 64;
+# cuDNN 1.2x faster at 128 and 1.4-1.5x at 256; benchmarks/attention_speed.py).
+CUDNN_MIN_LENGTH = 128
+
+
 def jax_implementation(query, key, platform=None):
     """`jax.nn.dot_product_attention`'s implementation for `[B, T, N, H]`
     queries and `[B, S, N, H]` keys: "cudnn" where cuDNN's fused attention
-    takes them (a GPU, float16 or bfloat16, head size a multiple of 8 up
-    to 128, even lengths), else "xla". `platform` defaults to JAX's."""
+    takes them (`cudnn_takes`) and both lengths are `CUDNN_MIN_LENGTH` or
+    more, where it is the faster; else "xla"."""
+    long_enough = min(query.shape[1], key.shape[1]) >= CUDNN_MIN_LENGTH
+    return "cudnn" if long_enough and cudnn_takes(query, key, platform) else "xla"
+
+
+def cudnn_takes(query, key, platform=None):
+    """Whether cuDNN's fused attention takes `[B, T, N, H]` queries and
+    `[B, S, N, H]` keys: on a GPU, float16 or bfloat16, a head size that is
+    a multiple of 8 up to 128, even lengths. `platform` defaults to JAX's."""
     import jax
 
     platform = platform or jax.default_backend()
     _, length, _, head_size = query.shape
     key_length = key.shape[1]
-    takes = (
-        platform == "gpu"
+    return (
+        not _xla_only
+        and platform == "gpu"
         and keras.backend.standardize_dtype(query.dtype) in ("float16", "bfloat16")
         and query.dtype == key.dtype
         and head_size % 8 == 0
@@ -71,7 +106,6 @@ def jax_implementation(query, key, platform=None):
         and length % 2 == 0
         and key_length % 2 == 0
     )
-    return "cudnn" if takes else "xla"
 
 
 def cudnn_mask(mask, query_length, key_length):
@@ -85,16 +119,24 @@ def cudnn_mask(mask, query_length, key_length):
 
 
 def _cudnn_attention(query, key, value, mask, scale):
+    """cuDNN's fused attention, or None where this GPU's cuDNN refuses it
+    while tracing (an old version or chip): XLA's attention then runs."""
     import jax
 
-    return jax.nn.dot_product_attention(
-        query,
-        key,
-        value,
-        mask=cudnn_mask(mask, query.shape[1], key.shape[1]),
-        scale=scale,
-        implementation="cudnn",
-    )
+    try:
+        return jax.nn.dot_product_attention(
+            query,
+            key,
+            value,
+            mask=cudnn_mask(mask, query.shape[1], key.shape[1]),
+            scale=scale,
+            implementation="cudnn",
+        )
+    except (RuntimeError, ValueError, NotImplementedError) as error:
+        if not _refusals:
+            warnings.warn(f"cuDNN's fused attention is refused here, so XLA's runs instead: {error}", stacklevel=2)
+        _refusals.append(str(error))
+        return None
 
 
 def attend_to_cache(query, key, value, mask, scale):

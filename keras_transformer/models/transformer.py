@@ -6,6 +6,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_transformer.backend import state
 from keras_transformer.checks import TokenIdCheck
 from keras_transformer.checks import check_model_inputs
 from keras_transformer.layers import Dropout
@@ -148,26 +149,13 @@ class Transformer(CheckedData, keras.Model):
             )
 
         # === Functional model ===
-        source_ids = keras.Input(shape=(None,), dtype="int32", name="source_ids")
-        target_ids = keras.Input(shape=(None,), dtype="int32", name="target_ids")
-        encoder_output, encoder_padding_mask = self._encode(
-            self.source_id_check(source_ids)
-        )
-        checked_target_ids = self.target_id_check(target_ids)
-        x = self._embed_target(checked_target_ids)
-        x = self.target_dropout(x)
-        decoder_padding_mask = ops.not_equal(checked_target_ids, PADDING_ID)
-        for block in self.decoder_blocks:
-            x = block(
-                x,
-                encoder_output,
-                decoder_padding_mask=decoder_padding_mask,
-                encoder_padding_mask=encoder_padding_mask,
-            )
-        logits = self._logits(x)
+        inputs = {
+            name: keras.Input(shape=(None,), dtype="int32", name=name)
+            for name in ("source_ids", "target_ids")
+        }
         super().__init__(
-            inputs={"source_ids": source_ids, "target_ids": target_ids},
-            outputs=logits,
+            inputs=inputs,
+            outputs=self._forward(inputs),
             dtype=dtype,
             **kwargs,
         )
@@ -189,7 +177,32 @@ class Transformer(CheckedData, keras.Model):
     def call(self, inputs, training=None, mask=None, **kwargs):
         # JAX's trainer runs `stateless_call`, which calls `call` directly.
         inputs = check_model_inputs(inputs, self.vocabulary_size)
+        if state.direct():
+            # Our layers called as the graph would call them, without
+            # walking the Functional graph (layers/calls.py says why).
+            return self._forward(inputs, training=training)
         return super().call(inputs, training=training, mask=mask, **kwargs)
+
+    def _forward(self, inputs, training=None):
+        """The logits of `{"source_ids", "target_ids"}`: the encoder stack on
+        the source, the decoder stack on the target and the encoder output,
+        and the pre-softmax projection (Figure 1). Symbolic inputs make the
+        Functional graph; tensors, in direct calls, the logits."""
+        encoder_output, encoder_padding_mask = self._encode(
+            self.source_id_check(inputs["source_ids"]), training=training
+        )
+        target_ids = self.target_id_check(inputs["target_ids"])
+        x = self.target_dropout(self._embed_target(target_ids), training=training)
+        decoder_padding_mask = ops.not_equal(target_ids, PADDING_ID)
+        for block in self.decoder_blocks:
+            x = block(
+                x,
+                encoder_output,
+                decoder_padding_mask=decoder_padding_mask,
+                encoder_padding_mask=encoder_padding_mask,
+                training=training,
+            )
+        return self._logits(x)
 
     def __setattr__(self, name, value):
         # The layers are made before `super().__init__()`, whose Functional

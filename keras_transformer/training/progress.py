@@ -68,10 +68,12 @@ class ProgressLog(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         # Keras resets the metrics, so the token count, at each epoch.
         self._last_tokens = 0.0
+        self._epoch_start = self._step
 
     def on_train_batch_end(self, batch, logs=None):
-        self._step += 1
-        step = self._step
+        # `batch` is the epoch's last step done: with `steps_per_execution`,
+        # one call covers several steps.
+        self._step = step = self._epoch_start + batch + 1
         if step % self.every and step != self.train_steps:
             return
         logs = logs or {}

@@ -24,6 +24,7 @@ def compile_model(
     label_smoothing=0.1,
     jit_compile="auto",
     learning_rate_scale=1.0,
+    steps_per_execution=1,
     **optimizer_kwargs,
 ):
     """Compiles `model` with the paper's training setup (sections 5.3, 5.4).
@@ -44,11 +45,19 @@ def compile_model(
             our steps slower on a GPU.
         learning_rate_scale: a constant factor on the schedule (1 in the
             paper).
+        steps_per_execution: Keras's: steps run per call of the train
+            function, their logs and callbacks seen once per call. Above 1,
+            JAX queues the next steps while the GPU runs one. 1 under torch.
         **optimizer_kwargs: more `keras.optimizers.Adam` arguments.
 
     Returns:
         `model`, compiled.
     """
+    if steps_per_execution != 1 and keras.backend.backend() == "torch":
+        raise ValueError(
+            "Keras's torch backend runs one step per call of the train function. "
+            f"Received: steps_per_execution={steps_per_execution}"
+        )
     optimizer = transformer_adam(
         model.d_model, warmup_steps, learning_rate_scale, **optimizer_kwargs
     )
@@ -60,6 +69,7 @@ def compile_model(
         loss=LabelSmoothedCrossEntropy(label_smoothing),
         metrics=[MaskedTokenAccuracy(), Perplexity(), TargetTokens()],
         jit_compile=jit_compile,
+        steps_per_execution=steps_per_execution,
     )
     return model
 
@@ -114,10 +124,26 @@ class StopAtStep(keras.callbacks.Callback):
         # Read once, then counted: no host sync per step.
         self._step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
 
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_start = self._step
+
     def on_train_batch_end(self, batch, logs=None):
-        self._step += 1
+        # `batch`: the epoch's last step done (several a call with
+        # `steps_per_execution`).
+        self._step = self._epoch_start + batch + 1
         if self._step >= self.train_steps:
             self.model.stop_training = True
+
+
+def steps_per_execution(*counts, most=8):
+    """The largest power of two up to `most` that divides every count: steps
+    per call of the train function for a run whose intervals (checkpoints,
+    log lines, its end, the step it resumes from) are these counts, so that
+    every interval ends at the end of a call."""
+    per_call = most
+    while per_call > 1 and any(count % per_call for count in counts):
+        per_call //= 2
+    return per_call
 
 
 def _from_step(dataset, step):
@@ -180,6 +206,15 @@ def fit(
     done = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
     if done >= train_steps:
         return model
+    per_call = getattr(model, "steps_per_execution", 1) or 1
+    if any(count % per_call for count in (train_steps, checkpoint_every, done)):
+        raise ValueError(
+            f"The model runs {per_call} steps per call of its train function (steps_per_execution), "
+            f"which must divide train_steps, checkpoint_every and the step a run resumes from, so that "
+            f"checkpoints fall where a call ends. Received: train_steps={train_steps}, "
+            f"checkpoint_every={checkpoint_every}, resumed at step {done}. Compile with "
+            f"steps_per_execution={steps_per_execution(train_steps, checkpoint_every, done, most=per_call)}."
+        )
     # The checkpoint comes last at an interval's end: what the other
     # callbacks record for a step (the history) is on disk before the
     # checkpoint that a resume starts from, and a resume redoes it.
