@@ -159,6 +159,39 @@ def test_several_steps_a_call_checkpoint_log_and_end_where_one_step_a_call_does(
         training.fit(model, reversal_batches(), tmp_path / "ten", 10, checkpoint_every=8, verbose=0)
 
 
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="counts the XLA programs JAX compiles for the step")
+def test_under_jax_the_train_step_compiles_once_per_bucket_length(caplog):
+    """Each batch shape is one XLA program of the train step: with
+    `buckets=2`, two, whatever the number of steps, and none for more steps."""
+    import jax
+
+    from keras_transformer.data.batches import TokenBatches
+    from keras_transformer.data.prepared import tokenize_pairs
+
+    corpus = kt.data.builtin_corpus("valid", size=300)
+    tokenizer = kt.data.SubwordTokenizer.train(corpus, 400)
+    pairs = tokenize_pairs(corpus.sources, corpus.targets, tokenizer)
+    batches = TokenBatches(pairs, 256, max_length=32, repeat=True, seed=0, buckets=2)
+    shapes = {batches[step][1].shape[1] for step in range(12)}
+    assert len(shapes) == 2  # both lengths come up in the first 12 batches
+    model = training.compile_model(
+        kt.build_transformer("tiny", vocabulary_size=tokenizer.vocabulary_size, num_layers=1), warmup_steps=5
+    )
+
+    def compiles():
+        return sum("Compiling jit(train_step)" in record.getMessage() for record in caplog.records)
+
+    jax.config.update("jax_log_compiles", True)
+    try:
+        with caplog.at_level("WARNING", logger="jax"):
+            model.fit(batches, steps_per_epoch=12, epochs=1, verbose=0)
+            assert compiles() == 2
+            model.fit(batches, steps_per_epoch=12, epochs=1, verbose=0)
+            assert compiles() == 2
+    finally:
+        jax.config.update("jax_log_compiles", False)
+
+
 def test_a_write_cut_short_by_a_crash_neither_stops_nor_counts_in_a_resume(tmp_path):
     model = training.compile_model(kt.build_transformer("tiny", vocabulary_size=16, num_layers=1), warmup_steps=5)
     model = training.fit(model, reversal_batches(), tmp_path, 5, checkpoint_every=5, verbose=0)
