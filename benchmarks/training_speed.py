@@ -54,6 +54,11 @@ FLOPs are those of the padded batches the device computes, and again of
 the sentences at their own lengths ("without padding"); target tokens
 are the real ones. `--size tiny` with
 `--steps 1 --rounds 1` is the smoke test's seconds-long run.
+
+`--profile` (JAX) then traces one more turn of each Keras contender and
+prints the GPU's kernel time by kind (matmuls, fused attention, the rest
+of XLA's fusions, scatters, copies), the kernels that took longest, and the
+GPU's idle time with the host's work in its longest gaps (`device_trace.py`).
 """
 
 import argparse

@@ -108,6 +108,7 @@ def test_profile_step_sums_the_traced_operations_by_part():
     assert rows["all"] == pytest.approx(parts, abs=0.01 * len(rows))
 
 
+@in_one_pass("jax", "the corpus's batching and the report's arithmetic, the same under every backend")
 def test_a_corpus_makes_bucketed_batches_whose_padding_the_report_leaves_out(tmp_path):
     """`--corpus`: batches of a real corpus's lengths, as `train` buckets
     them; target tokens are the real ones, and the FLOPs without padding
