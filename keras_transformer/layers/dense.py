@@ -15,6 +15,7 @@ gradients) is Keras's own quantized call.
 import keras
 from keras import ops
 
+from keras_transformer.backend import norms
 from keras_transformer.backend import products
 from keras_transformer.backend import state
 from keras_transformer.layers.calls import DirectCalls
@@ -54,7 +55,8 @@ class _ProductLayer(DirectCalls):
 
     def _finish(self, x):
         if self.bias is not None:
-            x = ops.add(x, self.bias)
+            biased = norms.add_bias(x, self.bias)
+            x = ops.add(x, self.bias) if biased is None else biased
         if self.activation is not None:
             x = self.activation(x)
         return x
@@ -87,4 +89,9 @@ class EinsumDense(_ProductLayer, keras.layers.EinsumDense):
 
 
 class LayerNormalization(DirectCalls, keras.layers.LayerNormalization):
-    """`keras.layers.LayerNormalization`, called directly while decoding."""
+    """`keras.layers.LayerNormalization`, called directly while decoding and
+    in torch steps (`backend/norms.py`)."""
+
+    def call(self, inputs):
+        normalized = norms.layer_norm(self, inputs)
+        return super().call(inputs) if normalized is None else normalized

@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_transformer.backend import state
 from keras_transformer.layers.calls import DirectCalls
 
 
@@ -37,11 +38,22 @@ class SinusoidalPositionEncoding(DirectCalls, keras.layers.Layer):
     def __init__(self, max_wavelength=10000, **kwargs):
         super().__init__(**kwargs)
         self.max_wavelength = max_wavelength
+        self._tables = {}  # (length and width, dtype, device) -> encoding, in direct calls
         self.built = True
 
     def call(self, inputs, start_index=0):
         shape = ops.shape(inputs)
         length, d_model = shape[-2], shape[-1]
+        if state.direct() and not state.decoding() and isinstance(start_index, int) and start_index == 0:
+            # Eager torch steps: one table for every batch of a length.
+            key = (int(length), int(d_model), self.compute_dtype, str(getattr(inputs, "device", "")))
+            if key not in self._tables:
+                self._tables[key] = self._table(length, d_model, 0)
+            return ops.broadcast_to(self._tables[key], shape)
+        return ops.broadcast_to(self._table(length, d_model, start_index), shape)
+
+    def _table(self, length, d_model, start_index):
+        """The encoding of positions `start_index ..` + `length`, `[T, d]`."""
         positions = ops.arange(length, dtype="float32") + ops.cast(
             start_index, "float32"
         )
@@ -55,7 +67,7 @@ class SinusoidalPositionEncoding(DirectCalls, keras.layers.Layer):
         encoding = ops.where(
             ops.equal(dimensions % 2, 0), ops.sin(angles), ops.cos(angles)
         )
-        return ops.broadcast_to(ops.cast(encoding, self.compute_dtype), shape)
+        return ops.cast(encoding, self.compute_dtype)
 
     def compute_output_shape(self, input_shape):
         return input_shape

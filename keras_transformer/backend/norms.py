@@ -1,0 +1,46 @@
+"""Keras's layer normalization, bias addition and fixed encodings in torch's
+direct calls (`layers/calls.py`), without Keras's dispatch of each op.
+
+Under torch a step waits on the host, and each `keras.ops` call costs about
+20 microseconds of conversions and dtype rules around the torch function; a
+`LayerNormalization` call, about 200. Here the same torch functions run
+with the same dtypes as Keras's torch backend gives them, so the results are
+Keras's bit for bit (tests/test_calls.py compares the steps). Elsewhere, or
+for inputs these do not cover, each returns None and the caller runs Keras's.
+"""
+
+import keras
+
+from keras_transformer.backend import state
+
+
+def _direct_torch(*tensors):
+    if not (state.direct() and not state.decoding() and keras.backend.backend() == "torch"):
+        return False
+    import torch
+
+    return all(type(tensor) is torch.Tensor for tensor in tensors)
+
+
+def layer_norm(layer, inputs):
+    """`keras.layers.LayerNormalization` `layer` on `inputs`, over the last
+    axis, as Keras's torch backend computes it: in float32 at least, cast
+    back to the inputs' dtype, then to the layer's compute dtype."""
+    if not _direct_torch(inputs) or layer.rms_scaling or list(layer.axis) not in ([-1], [inputs.ndim - 1]):
+        return None
+    import torch
+
+    original = inputs.dtype
+    x = inputs if original in (torch.float32, torch.float64) else inputs.to(torch.float32)
+    gamma = None if layer.gamma is None else layer.gamma.value.to(x.dtype)
+    beta = None if layer.beta is None else layer.beta.value.to(x.dtype)
+    normalized = torch.nn.functional.layer_norm(x, (x.shape[-1],), gamma, beta, layer.epsilon)
+    return normalized.to(original).to(getattr(torch, layer.compute_dtype))
+
+
+def add_bias(x, bias):
+    """`keras.ops.add(x, bias)` where both have one dtype."""
+    value = bias.value if isinstance(bias, keras.Variable) else bias
+    if not _direct_torch(x, value) or x.dtype != value.dtype:
+        return None
+    return x + value
