@@ -1,5 +1,5 @@
-"""Keras's layer normalization, bias addition and fixed encodings in torch's
-direct calls (`layers/calls.py`), without Keras's dispatch of each op.
+"""Keras's layer normalization and bias addition in torch's direct calls
+(steps and decoding, `layers/calls.py`), without Keras's dispatch of each op.
 
 Under torch a step waits on the host, and each `keras.ops` call costs about
 20 microseconds of conversions and dtype rules around the torch function; a
@@ -15,7 +15,7 @@ from keras_transformer.backend import state
 
 
 def _direct_torch(*tensors):
-    if not (state.direct() and not state.decoding() and keras.backend.backend() == "torch"):
+    if not (state.direct() and keras.backend.backend() == "torch"):
         return False
     import torch
 
