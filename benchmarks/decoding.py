@@ -50,17 +50,7 @@ def recomputing_beam_search(model, source_ids, max_length, beam_size):
     encoder_padding_mask = ops.repeat(encoder_padding_mask, beam_size, axis=0)
 
     def step_fn(ids, index, state):
-        target_ids = ids[:, :max_length]
-        x = model._embed_target(target_ids)
-        decoder_padding_mask = ops.not_equal(target_ids, 0)
-        for block in model.decoder_blocks:
-            x = block(
-                x,
-                encoder_output,
-                decoder_padding_mask=decoder_padding_mask,
-                encoder_padding_mask=encoder_padding_mask,
-                training=False,
-            )
+        x = model._decode(ids[:, :max_length], encoder_output, encoder_padding_mask, training=False)
         # Only the newest position's logits are needed.
         x = ops.slice(x, [0, index, 0], [ops.shape(x)[0], 1, model.d_model])
         return model._logits(x)[:, 0], state

@@ -192,6 +192,10 @@ class Transformer(CheckedData, keras.Model):
             self.source_id_check(inputs["source_ids"]), training=training
         )
         target_ids = self.target_id_check(inputs["target_ids"])
+        return self._logits(self._decode(target_ids, encoder_output, encoder_padding_mask, training))
+
+    def _decode(self, target_ids, encoder_output, encoder_padding_mask, training=None):
+        """The decoder stack's states `[B, T, d_model]` over all of `target_ids`."""
         x = self.target_dropout(self._embed_target(target_ids), training=training)
         decoder_padding_mask = ops.not_equal(target_ids, PADDING_ID)
         for block in self.decoder_blocks:
@@ -202,7 +206,7 @@ class Transformer(CheckedData, keras.Model):
                 encoder_padding_mask=encoder_padding_mask,
                 training=training,
             )
-        return self._logits(x)
+        return x
 
     def __setattr__(self, name, value):
         # The layers are made before `super().__init__()`, whose Functional
