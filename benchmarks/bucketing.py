@@ -1,6 +1,6 @@
 """Token-bucketed batches against fixed-size padded batches, on Multi30k, in one run.
 
-    python benchmarks/bucketing.py [--data-dir ../shared/data/multi30k] [--steps 15] [--rounds 3]
+    python benchmarks/bucketing.py [--data-dir multi30k] [--steps 15] [--rounds 3]
 
 The same training pairs reach the same model in two kinds of batch:
 
@@ -37,7 +37,7 @@ from keras_transformer.data import SubwordTokenizer
 from keras_transformer.data import make_dataset
 from keras_transformer.data import read_parallel_text
 
-DEFAULT_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "multi30k")
+DEFAULT_DATA = "multi30k"  # github.com/multi30k/dataset, data/task1/raw, unzipped
 ARCHITECTURE = {"num_layers": 3, "d_model": 256, "d_ff": 1024, "num_heads": 4, "dropout": 0.1}
 
 

@@ -55,7 +55,7 @@ import threading
 import time
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-DEFAULT_DATA = os.path.join(REPO, "..", "shared", "data", "multi30k")
+DEFAULT_DATA = "multi30k"  # github.com/multi30k/dataset, data/task1/raw, unzipped
 TARGETS = {"memory_ratio": 1.3, "memory_mb": 3000, "first_step_seconds": 30, "loader_tokens_per_second": 1e6}
 
 

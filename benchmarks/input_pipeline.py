@@ -1,6 +1,6 @@
 """Input pipeline against training: is the input ever the bottleneck?
 
-    python benchmarks/input_pipeline.py [--data-dir ../shared/data/multi30k]
+    python benchmarks/input_pipeline.py [--data-dir multi30k]
 
 On Multi30k (train.en / train.de) it measures, in one run:
 - the time to train the shared subword vocabulary (about 8k tokens);
@@ -25,7 +25,7 @@ from keras_transformer.data import batch_statistics
 from keras_transformer.data import make_dataset
 from keras_transformer.data import read_parallel_text
 
-DEFAULT_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "multi30k")
+DEFAULT_DATA = "multi30k"  # github.com/multi30k/dataset, data/task1/raw, unzipped
 
 
 def real_tokens(batch):

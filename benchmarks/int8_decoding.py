@@ -3,7 +3,7 @@
     python recipes/quickstart.py                # writes runs/quickstart, with test.en and test.de
     python benchmarks/int8_decoding.py --model-dir runs/quickstart
     python benchmarks/int8_decoding.py --model-dir runs/multi30k_de_en \\
-        --source ../shared/data/multi30k/test2016.de --reference ../shared/data/multi30k/test2016.en
+        --source multi30k/test2016.de --reference multi30k/test2016.en
 
 Two translators load the same directory: one as saved (`float`: float32,
 or the model's mixed precision policy), one with

@@ -1,6 +1,6 @@
 """float32 against mixed_bfloat16 training on Multi30k batches, in one run.
 
-    python benchmarks/precision.py [--data-dir ../shared/data/multi30k] [--rounds 3]
+    python benchmarks/precision.py [--data-dir multi30k] [--rounds 3]
 
 Builds the Multi30k recipe's model (3+3 layers, d_model 256, dropout 0.3,
 8,000-piece vocabulary) once per precision, with the same initial weights,
@@ -27,7 +27,7 @@ from keras_transformer.data import SubwordTokenizer
 from keras_transformer.data import make_dataset
 from keras_transformer.data import read_parallel_text
 
-DEFAULT_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "multi30k")
+DEFAULT_DATA = "multi30k"  # github.com/multi30k/dataset, data/task1/raw, unzipped
 ARCHITECTURE = {"num_layers": 3, "d_model": 256, "d_ff": 1024, "num_heads": 4, "dropout": 0.3}
 
 

@@ -17,8 +17,8 @@ sentence's next word wherever the model places a word. With
 `--target-words XX`, as in Vinyals et al. (2015), every word is `XX` and
 the decoder must count them.
 
-The data is the 3,914-sentence sample of the WSJ treebank in
-`../shared/data/ptb_wsj_sample` (files wsj_0001-0199, all from WSJ sections
+The data is the 3,914-sentence sample of the WSJ treebank that NLTK
+distributes (`--data-dir`, default `ptb_wsj_sample`: files wsj_0001-0199, all from WSJ sections
 00-01; the paper trained on sections 02-21, about 40,000 sentences, and
 tested on section 23). The split is this project's own, by file:
 wsj_0001-0159 train, wsj_0160-0179 development, wsj_0180-0199 test. Trees
@@ -51,7 +51,8 @@ try:
 except ImportError as error:  # an unknown backend, or one not installed
     sys.exit(f"error: {error}")
 
-DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data", "ptb_wsj_sample")
+# The WSJ files of NLTK's Penn Treebank sample (nltk_data's corpora/treebank/combined).
+DATA_DIR = "ptb_wsj_sample"
 REPORT_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "parsing.md")
 SPLITS = {"train": range(1, 160), "dev": range(160, 180), "test": range(180, 200)}
 MODEL = {"num_layers": 3, "d_model": 256, "d_ff": 1024, "num_heads": 4, "dropout": 0.3}
@@ -64,7 +65,7 @@ MAX_TRAIN_TOKENS = 320
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", default=DATA_DIR, help="holds wsj_0001.mrg ... wsj_0199.mrg")
+    parser.add_argument("--data-dir", default=DATA_DIR, help="holds wsj_0001.mrg ... wsj_0199.mrg, NLTK's treebank sample (nltk_data's corpora/treebank/combined; default: ptb_wsj_sample)")
     parser.add_argument("--model-dir", default=os.path.join("runs", "ptb_parsing"))
     parser.add_argument("--report", default=REPORT_FILE, help="where the markdown report goes")
     parser.add_argument("--resume", action="store_true", help="continue the run in --model-dir")
@@ -205,7 +206,7 @@ def write_report(args, results, path):
         "python recipes/ptb_parsing.py" + (f" --train-steps {args.train_steps}" if args.train_steps != 2000 else ""),
         "```",
         "",
-        f"Data: `../shared/data/ptb_wsj_sample` (3,914 WSJ sentences), split by file: "
+        f"Data: NLTK's Penn Treebank sample (3,914 WSJ sentences), split by file: "
         f"wsj_0001-0159 train ({results['pairs']['train']:,} sentences, {results['pairs']['trained']:,} "
         f"of them with trees of at most {MAX_TRAIN_TOKENS} tokens used for training), "
         f"wsj_0160-0179 development ({results['pairs']['dev']:,}), wsj_0180-0199 test "

@@ -46,7 +46,8 @@ try:
 except ImportError as error:  # an unknown backend, or one not installed
     sys.exit(f"error: {error}")
 
-DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data", "multi30k")
+# Multi30k's task 1 text: github.com/multi30k/dataset, data/task1/raw, unzipped.
+DATA_DIR = "multi30k"
 TABLE_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "table3.md")
 
 # The scaled-down base model: Table 3's "base" row.
@@ -79,7 +80,7 @@ SMOKE_ROWS = ["base", "E"]
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", default=DATA_DIR, help="holds train and val .en/.de")
+    parser.add_argument("--data-dir", default=DATA_DIR, help="holds train and val .en/.de, as in github.com/multi30k/dataset's data/task1/raw, unzipped (default: multi30k)")
     parser.add_argument("--out", default=os.path.join("runs", "table3"), help="a directory per row")
     parser.add_argument("--table", default=TABLE_FILE, help="where the markdown table goes")
     parser.add_argument("--rows", nargs="+", choices=list(ROWS), help="default: all")

@@ -1,7 +1,7 @@
 """The paper's WMT14 English-to-German setup (Vaswani et al., 2017).
 
     python recipes/wmt14_en_de.py --model-dir runs/wmt14-base      # TFDS, base model
-    python recipes/wmt14_en_de.py --data-dir ../shared/data/wmt14 \\
+    python recipes/wmt14_en_de.py --data-dir wmt14 \\
         --preset tiny --train-steps 1500 --tokens-per-batch 4096 --model-dir runs/wmt14-tiny
 
 A configuration of `keras_transformer.training.train_translator`, the code

@@ -68,3 +68,27 @@ def test_traced_loops_replay_with_each_calls_tensors_and_trace_again_for_new_con
         )
     np.testing.assert_allclose(to_numpy(x), 3 * array, rtol=1e-6)
     assert (loops.count, loops.refused) == (3, 0)  # not tried: Keras's loop runs it
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="loop tracing exists under torch only")
+def test_tracing_a_loop_shows_the_user_no_deprecation_of_the_tracer():
+    """torch 2.13 deprecates `torch.jit.trace` with a DeprecationWarning,
+    2.14 with a FutureWarning, which Python shows: the quick start printed
+    it at every traced loop."""
+    import warnings
+
+    import torch
+
+    layer = keras.layers.Dense(3)
+    layer.build((None, 3))
+    loops = TracedLoops(layer)
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        with state.decoding_call(direct=True, loops=loops):
+            while_loop(
+                lambda i, x: keras.ops.less(i, 3),
+                lambda i, x: (i + 1, layer(x)),
+                (keras.ops.convert_to_tensor(0), keras.ops.ones((2, 3))),
+            )
+    assert loops.count == 2
+    assert not [str(w.message) for w in caught if "torch.jit.trace" in str(w.message)]

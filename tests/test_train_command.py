@@ -498,3 +498,19 @@ def test_a_configuration_file_with_a_wrong_type_is_one_error_naming_the_file_and
     (tmp_path / "train_config.json").write_text(json.dumps(values))
     error = cli_error("train", "--resume", "--model-dir", tmp_path)
     assert error.startswith(f"error: {tmp_path / 'train_config.json'}: ") and expected in error
+
+
+def test_multi30k_recipe_without_its_data_says_where_to_get_it(tmp_path):
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "recipes", "multi30k_en_de.py"),
+         "--data-dir", tmp_path / "nowhere", "--model-dir", tmp_path / "run"],
+        env=dict(os.environ, KERAS_BACKEND=keras.backend.backend()),
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: no Multi30k in {tmp_path / 'nowhere'}: {tmp_path / 'nowhere' / 'train.en'} is missing; "
+        "expected train, val and test2016 .en/.de (github.com/multi30k/dataset, data/task1/raw, unzipped), "
+        "or pass --data-dir."
+    )
+    assert not (tmp_path / "run").exists()

@@ -145,9 +145,10 @@ class TracedLoops:
                 # The tracer warns of every Python number taken from a
                 # shape; shapes are fixed within a trace.
                 warnings.simplefilter("ignore", torch.jit.TracerWarning)
-                # torch 2.13 deprecates the tracer; where it is gone, the
-                # loops run eagerly.
-                warnings.filterwarnings("ignore", "`torch.jit.trace` is deprecated", DeprecationWarning)
+                # torch 2.13 deprecates the tracer (a DeprecationWarning;
+                # 2.14: a FutureWarning, shown to users); where it is gone,
+                # the loops run eagerly.
+                warnings.filterwarnings("ignore", "`torch.jit.trace` is deprecated")
                 return torch.jit.trace(flat_function, inputs, check_trace=False)
         except Exception:  # noqa: BLE001 - what the tracer refuses runs eagerly
             return None

@@ -45,7 +45,7 @@ def read_wmt14(data_dir=None, max_length=None, source_language="en", target_lang
     With `data_dir`, reads `{train,valid,test}.{en,de}` (each maybe `.gz`)
     from it; or, when it has no `train.en`, the WMT news test sets
     (newstest2008-2012 and newssyscomb2009 to train, newstest2013 to
-    validate, newstest2014 to test), as in `../shared/data/wmt14`. Without
+    validate, newstest2014 to test), as statmt.org names them. Without
     `data_dir`, reads TFDS `wmt14_translate/<other>-en` (train, validation,
     test), such as `de-en` or `fr-en`.
 
