@@ -7,6 +7,7 @@ import types
 import pytest
 import tensorflow as tf
 
+from keras_transformer import environment
 from keras_transformer.data import read_parallel_text
 from keras_transformer.data import read_tfds
 
@@ -111,8 +112,10 @@ def test_tfds_reader_decodes_and_filters_examples(monkeypatch):
         return tf.data.Dataset.from_tensor_slices(examples)
 
     monkeypatch.setitem(sys.modules, "tensorflow_datasets", types.SimpleNamespace(load=load))
+    # TensorFlow's GPUs are hidden from it before TFDS starts it (beside JAX or torch).
+    monkeypatch.setattr(environment, "tensorflow_beside_backend", lambda: calls.append("GPUs hidden"))
     corpus = read_tfds(split="validation", max_length=5, data_dir="/data/tfds")
-    assert calls == [("wmt14_translate/de-en", "validation", "/data/tfds")]
+    assert calls == ["GPUs hidden", ("wmt14_translate/de-en", "validation", "/data/tfds")]
     assert list(corpus) == [("A cat.", "Eine Katze."), ("Two dogs.", "Zwei Hunde.")]
     assert (corpus.skipped_empty, corpus.filtered_too_long) == (1, 1)
     assert corpus.name == "tfds:wmt14_translate/de-en/validation"

@@ -217,6 +217,11 @@ def read_tfds(
             "package: pip install tensorflow-datasets. Or read local files "
             "with read_parallel_text."
         ) from error
+    from keras_transformer.environment import tensorflow_beside_backend
+
+    # TFDS reads through TensorFlow, which would take a GPU's memory from
+    # JAX or torch: its GPUs are hidden before it starts.
+    tensorflow_beside_backend()
     dataset = tfds.load(name, split=split, data_dir=data_dir)
     pairs = (
         (
