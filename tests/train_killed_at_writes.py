@@ -10,9 +10,10 @@ the first k that the run ends before reaching, or at MAX_WRITES. Prints one
 JSON line per k: the file the kill hit (its final name), and each run's exit
 code (-9 for the kill).
 
-The package is imported once and each run is a fork of this process, so a
-run costs its own work, not a start-up. Nothing here runs a backend
-operation before forking, so no thread pool is copied into a child.
+The package (and TensorFlow, for TensorBoard logs) is imported once and
+each run is a fork of this process, so a run costs its own work, not a
+start-up. Nothing here runs a backend operation before forking, so no
+thread pool is copied into a child.
 """
 
 import json
@@ -24,6 +25,11 @@ import traceback
 
 from keras_transformer.cli import main
 from keras_transformer.files import PARTIAL_PREFIX
+
+try:  # what each run would import for its TensorBoard logs (2-3 s), imported once
+    import tensorflow  # noqa: F401
+except ImportError:
+    pass
 
 # atomic_path's temporary names: PARTIAL_PREFIX + name + "." + random + suffix.
 PARTIAL = re.compile(re.escape(PARTIAL_PREFIX) + r"(.+)\.[^.]+\.[^.]+$")
