@@ -51,12 +51,13 @@ def test_greedy_translator_equals_argmax_over_full_recomputation(model, tokenize
     limits = [len(source) - 1 + 6 for source, _, _ in found.values()]
     # Recompute the whole model on every prefix, without a cache. The
     # prefixes sit in a zero-padded buffer of one shape (target padding does
-    # not change earlier positions), so compiled backends compile once.
+    # not change earlier positions), so compiled backends compile once
+    # (`predict_on_batch`: under JAX, op-by-op calls took minutes in CI).
     targets = np.zeros((len(found), max(limits) + 1), "int32")
     targets[:, 0] = tokenizer.bos_id
     done = np.zeros(len(found), bool)
     for step in range(max(limits)):
-        logits = to_numpy(model({"source_ids": source_ids, "target_ids": targets}))
+        logits = to_numpy(model.predict_on_batch({"source_ids": source_ids, "target_ids": targets}))
         tokens = np.argmax(logits[:, step], axis=-1)
         writing = ~done & (step < np.array(limits))
         targets[writing, step + 1] = tokens[writing]
