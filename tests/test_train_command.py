@@ -115,6 +115,16 @@ def test_train_writes_a_translator_directory_the_other_commands_take(files, tmp_
     changed = cli_error("train", "--resume", "--model-dir", model_dir, "--dropout", "0.2")
     assert "Cannot resume" in changed and "model: {'num_layers': 1} in the run" in changed
 
+
+
+@in_one_pass("torch", "the configuration file and the average command; each backend's training is the test above")
+def test_a_saved_configuration_repeats_the_run_and_average_takes_any_checkpoints(files, tmp_path, capsys):
+    from keras_transformer.cli import main
+
+    model_dir = tmp_path / "run"
+    main([str(a) for a in train_arguments(files, model_dir, "--train-steps", 1, "--checkpoint-every", 1, "--average", 1)])
+    config = TrainingConfig.load(model_dir)
+
     # The saved configuration repeats the run, with options overriding it.
     repeated = cli("train", "--config", model_dir / "train_config.json", "--model-dir", tmp_path / "again",
                    "--train-steps", 2, "--checkpoint-every", 1, "--buckets", 2, "--average", 1,
