@@ -209,18 +209,15 @@ def main(argv=None):
 
     config = configuration(args)
     source, target = args.direction.split("-")
+    test_files = [os.path.join(args.data_dir, f"test2016.{language}") for language in (source, target)]
+    missing = [path for path in config.train_source + config.train_target + config.valid_source
+               + config.valid_target + test_files if not os.path.isfile(path)]
+    if missing:
+        sys.exit(f"error: no Multi30k in {args.data_dir}: {missing[0]} is missing; expected train, val and "
+                 f"test2016 .en/.de (github.com/multi30k/dataset, data/task1/raw, unzipped), or pass --data-dir.")
     try:
-        missing = [path for path in config.train_source + config.train_target + config.valid_source
-                   + config.valid_target if not os.path.isfile(path)]
-        if missing:
-            raise ValueError(
-                f"no Multi30k in {args.data_dir}: {missing[0]} is missing; expected train, val and test2016 "
-                f".en/.de (github.com/multi30k/dataset, data/task1/raw, unzipped), or pass --data-dir."
-            )
-        test = read_parallel_text(
-            os.path.join(args.data_dir, f"test2016.{source}"), os.path.join(args.data_dir, f"test2016.{target}")
-        )
-    except ValueError as error:
+        test = read_parallel_text(*test_files)
+    except ValueError as error:  # present but unreadable
         sys.exit(f"error: {error}")
     if args.smoke:
         test = test[:8]

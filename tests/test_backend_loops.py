@@ -10,11 +10,16 @@ from keras_transformer.backend.loops import TracedLoops
 from keras_transformer.backend.loops import while_loop
 
 
-@pytest.mark.skipif(
+# `TracedLoops` is torch's: TensorFlow and JAX compile the whole search
+# instead, which test_compiled.py checks under them.
+torch_only = pytest.mark.skipif(
     keras.backend.backend() != "torch",
     reason="loop tracing exists under torch only (torch.jit.trace); TensorFlow and JAX compile the whole "
     "search, which test_compiled.py checks on them",
 )
+
+
+@torch_only
 def test_traced_loops_replay_with_each_calls_tensors_and_trace_again_for_new_constants():
     """Under torch, while decoding directly with `TracedLoops`, a
     `while_loop` traces its condition and body once and replays them. Each
@@ -70,7 +75,7 @@ def test_traced_loops_replay_with_each_calls_tensors_and_trace_again_for_new_con
     assert (loops.count, loops.refused) == (3, 0)  # not tried: Keras's loop runs it
 
 
-@pytest.mark.skipif(keras.backend.backend() != "torch", reason="loop tracing exists under torch only")
+@torch_only
 def test_tracing_a_loop_shows_the_user_no_deprecation_of_the_tracer():
     """torch 2.13 deprecates `torch.jit.trace` with a DeprecationWarning,
     2.14 with a FutureWarning, which Python shows: the quick start printed

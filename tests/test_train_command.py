@@ -116,7 +116,6 @@ def test_train_writes_a_translator_directory_the_other_commands_take(files, tmp_
     assert "Cannot resume" in changed and "model: {'num_layers': 1} in the run" in changed
 
 
-
 @in_one_pass("torch", "the configuration file and the average command; each backend's training is the test above")
 def test_a_saved_configuration_repeats_the_run_and_average_takes_any_checkpoints(files, tmp_path, capsys):
     from keras_transformer.cli import main
