@@ -3,6 +3,8 @@
 import keras
 from keras import ops
 
+from keras_transformer.backend import cross_entropy
+
 
 def log_probabilities(logits):
     """log softmax of the logits over the vocabulary, in float32.
@@ -44,6 +46,9 @@ def label_negative_log_likelihood(labels, logits):
     through it. Even alone (under torch) the one fused `log_softmax` is
     faster than Keras's `logsumexp`, which makes several passes.
     """
+    fused = cross_entropy.negative_log_likelihood(labels, logits)
+    if fused is not None:  # JAX: the loss's own reductions
+        return fused
     return -ops.take_along_axis(
         log_probabilities(logits), ops.cast(labels, "int32")[..., None], axis=-1
     )[..., 0]
@@ -94,11 +99,14 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         self.padding_id = padding_id
 
     def call(self, y_true, y_pred):
-        label_log_probs, mean_log_probs = token_log_probabilities(y_true, y_pred)
-        per_token = -(
-            (1.0 - self.label_smoothing) * label_log_probs
-            + self.label_smoothing * mean_log_probs
-        )
+        # Under JAX with its gradient written out (backend/cross_entropy.py).
+        per_token = cross_entropy.smoothed_cross_entropy(y_true, y_pred, self.label_smoothing)
+        if per_token is None:
+            label_log_probs, mean_log_probs = token_log_probabilities(y_true, y_pred)
+            per_token = -(
+                (1.0 - self.label_smoothing) * label_log_probs
+                + self.label_smoothing * mean_log_probs
+            )
         mask = non_padding_mask(y_true, self.padding_id)
         # Keras reduces these values to their mean over all B * T positions
         # (and scales it for distributed training). Weighting real tokens by

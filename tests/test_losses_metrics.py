@@ -117,3 +117,87 @@ def test_config_round_trips():
         assert clone.get_config() == obj.get_config()
     with pytest.raises(ValueError, match="label_smoothing=1.5"):
         LabelSmoothedCrossEntropy(1.5)
+
+
+def loss_gradient(labels, logits, eps):
+    """d loss / d logits, through the backend's own differentiation."""
+    loss = LabelSmoothedCrossEntropy(label_smoothing=eps)
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        return np.asarray(jax.grad(lambda z: loss(labels, z))(logits))
+    if backend == "torch":
+        import torch
+
+        z = torch.tensor(logits, requires_grad=True)
+        loss(labels, z).backward()
+        return z.grad.numpy()
+    import tensorflow as tf
+
+    z = tf.Variable(logits)
+    with tf.GradientTape() as tape:
+        value = loss(labels, z)
+    return tape.gradient(value, z).numpy()
+
+
+@pytest.mark.parametrize("eps", [0.1, 0.0])
+def test_the_loss_gradient_is_softmax_minus_the_smoothed_target_over_real_tokens(labels_and_logits, eps):
+    labels, logits = labels_and_logits
+    logits = logits * 5.0  # some confident tokens too
+    real = labels != 0
+    softmax = np.exp(logits - logits.max(-1, keepdims=True))
+    softmax /= softmax.sum(-1, keepdims=True)
+    target = np.full(logits.shape, eps / V) + (1 - eps) * np.eye(V)[labels]
+    expected = (softmax - target) * real[..., None] / real.sum()
+    np.testing.assert_allclose(loss_gradient(labels, logits, eps), expected, rtol=1e-4, atol=1e-6)
+
+
+def test_the_loss_and_its_gradient_stay_finite_at_extreme_logits():
+    labels = np.array([[1, 2]], "int32")
+    logits = np.array([[[1e4, -1e4, 0.0], [-1e4, 1e4, 3e4]]], "float32")
+    loss = LabelSmoothedCrossEntropy(label_smoothing=0.1)
+    value = float(to_numpy(loss(labels, logits)))
+    gradient = loss_gradient(labels, logits, 0.1)
+    assert np.isfinite(value) and value > 1e3  # both labels far below the best logit
+    assert np.all(np.isfinite(gradient))
+    np.testing.assert_allclose(gradient.sum(-1), 0.0, atol=1e-6)  # softmax and target both sum to 1
+
+
+def test_accuracy_counts_a_label_tied_for_the_largest_logit_as_right():
+    labels = np.array([[1, 2, 1]], "int32")
+    logits = np.array([[[0.0, 2.0, 2.0], [0.0, 2.0, 2.0], [3.0, 2.0, 2.0]]], "float32")
+    metric = MaskedTokenAccuracy()
+    metric.update_state(labels, logits)
+    assert float(to_numpy(metric.result())) == pytest.approx(2 / 3)
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="reads the XLA program of JAX's training step")
+def test_under_jax_a_training_step_passes_over_the_logits_few_times():
+    """The loss's gradient is written out (backend/cross_entropy.py) and the
+    metrics share the loss's reductions: in the compiled step of loss,
+    gradient, accuracy and perplexity, one XLA kernel writes a tensor the
+    size of the logits, the gradient (six did when autodiff differentiated
+    `log_softmax` and a `where`)."""
+    import jax
+
+    from keras_transformer.metrics import Perplexity
+
+    batch, length, vocabulary = 6, 5, 997  # a size no other tensor has
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, vocabulary, size=(batch, length)).astype("int32")
+    loss = LabelSmoothedCrossEntropy(0.1)
+
+    def step(logits):
+        value, gradient = jax.value_and_grad(lambda z: loss(labels, z))(logits)
+        metrics = [
+            metric.stateless_update_state([v.value for v in metric.variables], labels, logits)
+            for metric in (MaskedTokenAccuracy(), Perplexity())
+        ]
+        return value, gradient, metrics
+
+    logits = rng.normal(size=(batch, length, vocabulary)).astype("float32")
+    hlo = jax.jit(step).lower(logits).compile().as_text()
+    kernels = [line.split("=", 1) for line in hlo.splitlines() if "fusion(" in line or "custom-call(" in line]
+    writing_logits = [name for name, rest in kernels if f",{vocabulary}]" in rest.split("(", 1)[0]]
+    assert len(writing_logits) == 1, writing_logits
