@@ -192,6 +192,27 @@ def test_under_jax_the_train_step_compiles_once_per_bucket_length(caplog):
         jax.config.update("jax_log_compiles", False)
 
 
+def test_validation_comes_in_at_most_two_lengths_whatever_the_training_buckets():
+    """The test step compiles once per batch length: `train` validates on
+    two lengths fitted to the validation pairs, not on the training's
+    buckets (dozens at `bucket_step` 1.1), with every pair kept once."""
+    from keras_transformer.training.run import validation_batches
+
+    corpus = kt.data.builtin_corpus("valid", size=400)
+    tokenizer = kt.data.SubwordTokenizer.train(corpus, 400)
+    config = training.TrainingConfig(
+        model_dir="unused", train_source=[], train_target=[], tokens_per_batch=512, bucket_step=1.1, max_tokens=128
+    )
+    by_step = kt.data.make_dataset(corpus, tokenizer, 512, max_length=128, bucket_step=1.1, shuffle=False)
+    assert len({by_step[i][1].shape[1] for i in range(len(by_step))}) > 4  # what the training's buckets give
+    for buckets, most in ((None, 2), (8, 2), (1, 1)):
+        config.buckets = buckets
+        batches = validation_batches(config, corpus, tokenizer)
+        assert len({batches[i][1].shape[1] for i in range(len(batches))}) <= most
+        real = sum(int((batches[i][1] != 0).sum()) for i in range(len(batches)))
+        assert real == sum(int((by_step[i][1] != 0).sum()) for i in range(len(by_step)))
+
+
 def test_a_write_cut_short_by_a_crash_neither_stops_nor_counts_in_a_resume(tmp_path):
     model = training.compile_model(kt.build_transformer("tiny", vocabulary_size=16, num_layers=1), warmup_steps=5)
     model = training.fit(model, reversal_batches(), tmp_path, 5, checkpoint_every=5, verbose=0)

@@ -60,7 +60,8 @@ class TrainingConfig:
         buckets: at most this many batch lengths, fitted to the training
             pairs' lengths for the least padding (8 pad Multi30k by 7%,
             where `bucket_step` 1.5's 8 lengths pad it by 16%); replaces
-            `bucket_step` when set.
+            `bucket_step` when set. Validation batches come in at most 2
+            lengths, fitted to the validation pairs, whatever these say.
         max_tokens: pairs with a side longer than this many subword tokens
             (EOS included) are left out of training; longer inputs are cut
             when translating.
