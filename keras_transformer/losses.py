@@ -10,8 +10,9 @@ def log_probabilities(logits):
     """log softmax of the logits over the vocabulary, in float32.
 
     The loss and the perplexity metric both call this, so that where a
-    training step is one compiled graph (TensorFlow, JAX) the two share one
-    pass over the `[B, T, V]` logits.
+    training step is one compiled graph (TensorFlow with XLA) the two share
+    one pass over the `[B, T, V]` logits. JAX takes neither: its loss and
+    metrics share `backend/cross_entropy.py`'s reductions instead.
     """
     return ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
 
@@ -40,11 +41,12 @@ def token_log_probabilities(labels, logits):
 def label_negative_log_likelihood(labels, logits):
     """-log p(label) per token, float32 `[B, T]`, for metrics (no gradient).
 
-    The log-probabilities are the loss's own (`log_probabilities`), so that
-    where a training step is one compiled graph the metric adds only a
-    gather; a gather is the cheapest pick where nothing differentiates
-    through it. Even alone (under torch) the one fused `log_softmax` is
-    faster than Keras's `logsumexp`, which makes several passes.
+    The log-probabilities are the loss's own (`log_probabilities`; under
+    JAX, the loss's log-normalizer), so that where a training step is one
+    compiled graph the metric adds only a gather; a gather is the cheapest
+    pick where nothing differentiates through it. Even alone (under torch)
+    the one fused `log_softmax` is faster than Keras's `logsumexp`, which
+    makes several passes.
     """
     fused = cross_entropy.negative_log_likelihood(labels, logits)
     if fused is not None:  # JAX: the loss's own reductions
