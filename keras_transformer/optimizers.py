@@ -2,6 +2,7 @@
 
 import keras
 
+from keras_transformer.backend import fused_adam
 from keras_transformer.backend import keras_private
 from keras_transformer.schedules import TransformerSchedule
 
@@ -20,11 +21,12 @@ class Adam(keras.optimizers.Adam):
         v <- beta_2 v + (1 - beta_2) g^2
         w <- w - lr sqrt(1 - beta_2^t) / (1 - beta_1^t) * m / (sqrt(v) + eps)
 
-    in one pass. Under torch, all variables are updated together, with
-    Keras's own torch Adam (torch's `_foreach` operations), which Keras gives
-    to `keras.optimizers.Adam` but not to a subclass: its per-variable update
-    launches a dozen operations per variable and, on a GPU, copies each
-    Python constant to the device. Under JAX, sparse gradients and `amsgrad`
+    in one pass. Under torch, all variables are updated together in torch's
+    fused Adam kernel (`backend/fused_adam.py`, which says how its epsilon
+    differs), or with `amsgrad` by Keras's own torch Adam (torch's `_foreach`
+    operations), which Keras gives to `keras.optimizers.Adam` but not to a
+    subclass: its per-variable update launches a dozen operations per
+    variable and, on a GPU, copies each Python constant to the device. Under JAX, sparse gradients and `amsgrad`
     (TensorFlow) take Keras's update; JAX's compiler fuses it anyway.
 
     Args:
@@ -36,7 +38,8 @@ class Adam(keras.optimizers.Adam):
             import torch
 
             with torch.no_grad():
-                keras_private.torch_parallel_adam_update(self, grads, trainable_variables, learning_rate)
+                if not fused_adam.update(self, grads, trainable_variables, learning_rate):
+                    keras_private.torch_parallel_adam_update(self, grads, trainable_variables, learning_rate)
             return
         super()._backend_update_step(grads, trainable_variables, learning_rate)
 

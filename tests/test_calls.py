@@ -96,3 +96,26 @@ def test_a_direct_call_drops_the_arguments_its_call_does_not_take():
         assert takes(x, training=True, mask=None) is x and takes.training is True
         takes_any(x, training=False, mask=None)
         assert takes_any.kwargs == {"training": False, "mask": None}
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="the listed variables are the torch steps'")
+def test_a_torch_fit_lists_its_variables_once_and_leaves_no_gradients(monkeypatch):
+    """Under torch, `fit` lists the trainable variables once for all its
+    steps (Keras's step walks the model's layers for them twice a step),
+    and the steps take their gradients without leaving them on the weights
+    for the next step to clear."""
+    from keras_transformer.backend import torch_step
+
+    listings = []
+    listed = torch_step.listed
+    monkeypatch.setattr(torch_step, "listed", lambda variables: listings.append(1) or listed(variables))
+    keras.utils.set_random_seed(3)
+    model = kt.build_transformer("tiny", vocabulary_size=V, num_layers=1)
+    training.compile_model(model, warmup_steps=2)
+    before = [w.copy() for w in model.get_weights()]
+    x, y = batch()
+    model.fit({key: np.repeat(value, 3, axis=0) for key, value in x.items()}, np.repeat(y, 3, axis=0), batch_size=4, epochs=1, verbose=0)
+    assert model.optimizer.iterations.numpy() == 3
+    assert len(listings) == 1
+    assert all(variable.value.grad is None for variable in model.trainable_weights)
+    assert all(not np.array_equal(a, b) for a, b in zip(before, model.get_weights()))

@@ -9,7 +9,9 @@ where XLA's attention is faster, and what cuDNN cannot take (float32, odd
 lengths, head sizes off its grid) go to XLA's attention without Keras's
 attempt and logged traceback. While decoding under torch, torch's
 `scaled_dot_product_attention` gets the heads-second views of the inputs
-as they are, where Keras's copies each into a contiguous tensor first.
+as they are, in training and decoding alike, where Keras's copies each into
+a contiguous tensor first (in a torch step, three copies and a dozen more
+operations for the host to launch).
 
 `attend_to_cache` is attention over a heads-major `[B, N, S, H]` cache,
 which torch's fused attention takes as it is; elsewhere the attention layer
@@ -48,7 +50,7 @@ def flash_attention():
 def dot_product_attention(query, key, value, mask, scale):
     """Attention of `[B, T, N, H]` queries over `[B, S, N, H]` keys and
     values, with a boolean mask `[B or 1, T, S]` (True: attend) or None."""
-    if state.decoding() and keras.backend.backend() == "torch" and _fits_torch(query, key, value, mask):
+    if keras.backend.backend() == "torch" and _fits_torch(query, key, value, mask):
         attended = _torch_attention(
             query.transpose(1, 2),  # [B, N, T, H] views of [B, T, N, H]
             key.transpose(1, 2),

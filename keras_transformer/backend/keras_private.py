@@ -28,3 +28,10 @@ def torch_parallel_adam_update(optimizer, grads, variables, learning_rate):
     from keras.src.backend.torch.optimizers import torch_adam
 
     torch_adam.Adam._parallel_update_step(optimizer, grads, variables, learning_rate)
+
+
+def loss_tracker(model):
+    """The metric of a compiled model's mean loss, which its train step
+    updates and `compute_metrics` reports as "loss"; Keras has no public
+    name for it."""
+    return model._loss_tracker

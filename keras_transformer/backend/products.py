@@ -181,15 +181,16 @@ def _product(x, kernel, contracted):
     apply or pay."""
     import torch
 
-    # On an accelerator the products stay torch's, before any reshaping.
-    if type(x) is not torch.Tensor or not x.is_floating_point() or x.device.type != "cpu":
+    if type(x) is not torch.Tensor or not x.is_floating_point():
         return None
     matrices = as_matrices(x, kernel, contracted)
     if matrices is None:
         return None
     x, kernel, shape = matrices
     if not pays(x, kernel):
-        return None
+        # One 2-D product: Keras's einsum costs the host several torch
+        # operations and its dtype rules, on a GPU longer than the product.
+        return torch.matmul(x, kernel).reshape(shape)
     try:
         if torch.is_grad_enabled() and (x.requires_grad or kernel.requires_grad):
             return _product_with_gradients().apply(x, kernel).reshape(shape)

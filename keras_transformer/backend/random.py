@@ -63,12 +63,11 @@ def next_seed(seed_generator):
         with keras.device("cpu"):
             first, second = seed_generator.next()
             return int(first + second) & 0xFFFFFFFF
-    import torch
-
-    counters = seed_generator.state.value  # int32 [2], in host memory
-    first, second = counters.tolist()
-    with torch.no_grad():
-        counters[1] += 1
+    # The counters, int32 [2] in host memory, read and advanced through a
+    # NumPy view of their memory: no torch operations for the host to launch.
+    counters = seed_generator.state.value.numpy()
+    first, second = int(counters[0]), int(counters[1])
+    counters[1:] += 1  # an array's addition, which wraps in int32 as Keras's does
     return (first + second) & 0xFFFFFFFF
 
 
@@ -86,6 +85,8 @@ def _dropout_with_host_seed():
         keep = torch.bernoulli(
             torch.full(inputs.shape, keep_probability, device=inputs.device), generator=generator
         ).bool()
-        return torch.where(keep, inputs / keep_probability, torch.zeros_like(inputs))
+        # A zero where Keras's has `zeros_like(inputs)`: the same values, one
+        # operation less.
+        return torch.where(keep, inputs / keep_probability, 0.0)
 
     return dropout_with_host_seed

@@ -395,9 +395,10 @@ class MultiHeadAttention(DirectCalls, keras.layers.Layer):
                 self._check_mask_shape(name, padding_mask, (value_length,))
                 mask = merge(ops.cast(padding_mask, "bool")[:, None, :])
         # Query t is at absolute position offset + t; key s at position s.
-        offset = 0 if cache_update_index is None else cache_update_index
-        query_positions = ops.arange(query_length) + offset
-        key_positions = ops.arange(value_length)
+        if use_causal_mask or self.window is not None:
+            offset = 0 if cache_update_index is None else cache_update_index
+            query_positions = ops.arange(query_length) + offset
+            key_positions = ops.arange(value_length)
         if use_causal_mask:
             # Query t sees keys s <= t.
             causal = ops.less_equal(

@@ -11,6 +11,7 @@ import contextlib
 import keras
 
 from keras_transformer.backend import state
+from keras_transformer.backend import torch_step
 from keras_transformer.checks import check_ids_on_host
 from keras_transformer.checks import check_model_data
 from keras_transformer.checks import ids_checked_on_host
@@ -24,12 +25,17 @@ class CheckedData:
     # on the host (JAX only; see `_checked_data`).
     _steps_without_id_check = frozenset()
 
+    # Under torch, uncompiled: the trainable variables, listed when `fit`
+    # or `train_on_batch` starts (backend/torch_step.py); else None.
+    _step_variables = None
+
     def fit(self, x=None, *args, **kwargs):
         x = self._checked_data(x, "train_function")
         if "validation_data" in kwargs:
             kwargs["validation_data"] = _as_tf_dataset_under_tensorflow(kwargs["validation_data"])
         self._build_optimizer()
-        return super().fit(x, *args, **kwargs)
+        with self._listed_variables():
+            return super().fit(x, *args, **kwargs)
 
     def evaluate(self, x=None, *args, **kwargs):
         return super().evaluate(self._checked_data(x, "test_function"), *args, **kwargs)
@@ -40,7 +46,8 @@ class CheckedData:
     def train_on_batch(self, x, *args, **kwargs):
         x = self._checked_data(x, "train_function")
         self._build_optimizer()
-        return super().train_on_batch(x, *args, **kwargs)
+        with self._listed_variables():
+            return super().train_on_batch(x, *args, **kwargs)
 
     def test_on_batch(self, x, *args, **kwargs):
         return super().test_on_batch(self._checked_data(x, "test_function"), *args, **kwargs)
@@ -53,6 +60,8 @@ class CheckedData:
     # torch our layers run their calls directly (layers/calls.py).
     def train_step(self, *args, **kwargs):
         with self._step_context("train_function"):
+            if self._step_variables and self._step_variables[0] and state.direct():
+                return torch_step.train_step(self, *args, self._step_variables, **kwargs)
             return super().train_step(*args, **kwargs)
 
     def test_step(self, *args, **kwargs):
@@ -62,6 +71,19 @@ class CheckedData:
     def predict_step(self, *args, **kwargs):
         with self._step_context("predict_function"):
             return super().predict_step(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def _listed_variables(self):
+        """Lists the trainable variables for the torch steps run inside."""
+        listed = self.built and keras.backend.backend() == "torch" and not getattr(self, "jit_compile", False)
+        outer = self._step_variables
+        # Set past Keras's attribute tracking, which would count a list of
+        # variables as the model's own a second time.
+        object.__setattr__(self, "_step_variables", torch_step.listed(self.trainable_weights) if listed else None)
+        try:
+            yield
+        finally:
+            object.__setattr__(self, "_step_variables", outer)
 
     @contextlib.contextmanager
     def _step_context(self, function):
