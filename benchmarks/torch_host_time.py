@@ -11,7 +11,8 @@ GPU is: both models at the base preset's 6 + 6 layers but tiny widths
 arithmetic is next to nothing and a step's time is the Python and dispatch
 around its operations. torch's Adam runs with `foreach=True`, as it does on
 a GPU (on a CPU its default is a loop over the parameters). torch uses one
-thread, as the host's dispatch does.
+thread, as the host's dispatch does. `--precision mixed_bfloat16` runs ours
+under Keras's policy and theirs under torch's autocast, as on a GPU.
 
 The two take turns, `--rounds` times, each training `--steps` steps with
 the contenders of `training_speed.py` (ours with `fit`, timed inside it).
@@ -49,6 +50,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--precision", choices=["float32", "mixed_bfloat16"], default="float32",
+                        help="mixed_bfloat16: ours under Keras's policy, theirs under torch's autocast")
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args()
     import keras
@@ -58,10 +61,10 @@ def main():
         sys.exit(f"error: this measures Keras's torch backend; KERAS_BACKEND is {keras.backend.backend()!r}")
     torch.set_num_threads(1)
     batches = speed.random_data(SIZE, args.steps)
-    model = speed.our_model(SIZE)
+    model = speed.our_model(SIZE, dtype=args.precision)
     speed.compile_model(model, warmup_steps=speed.WARMUP_STEPS, label_smoothing=speed.LABEL_SMOOTHING)
     ours = speed.KerasContender("ours", model, batches)
-    theirs = speed.TorchContender(SIZE, "float32", batches)
+    theirs = speed.TorchContender(SIZE, args.precision, batches)
     theirs.optimizer = torch.optim.Adam(theirs.model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9, foreach=True)
     contenders = [ours, theirs]
     for contender in contenders:
@@ -78,6 +81,7 @@ def main():
     ms = {name: min(values) for name, values in times.items()}
     report = {
         "size": SIZE,
+        "precision": args.precision,
         "ms_per_step": ms,
         "ours_speed_over_torch": ms["torch"] / ms["ours"],
         "operations_per_step": operations,

@@ -73,6 +73,19 @@ def dot_product_attention(query, key, value, mask, scale):
     )
 
 
+def zero_where_no_key(attended, mask):
+    """`attended` `[B, T, N, H]`, zero for each query that `mask` `[B or 1,
+    T, S]` lets attend to no key. Under torch with torch tensors, the same
+    operations as torch's, without Keras's conversions around each."""
+    if keras.backend.backend() == "torch":
+        import torch
+
+        if type(attended) is torch.Tensor and type(mask) is torch.Tensor:
+            return attended * mask.any(-1)[:, :, None, None].to(attended.dtype)
+    attends = ops.any(mask, axis=-1)[:, :, None, None]  # [B, T, 1, 1]
+    return attended * ops.cast(attends, attended.dtype)
+
+
 # Below this many queries or keys, XLA's attention ran faster than cuDNN's
 # fused kernel on an H200 (bfloat16, 8 heads of 64, forward and backward, at
 # 25,000 positions a batch: XLA 2.3-3.4x faster at 16-32, 1.1-1.2x at 64;

@@ -19,7 +19,8 @@ def _direct_torch(*tensors):
         return False
     import torch
 
-    return all(type(tensor) is torch.Tensor for tensor in tensors)
+    # A float32 layer's weights are the variables' own `Parameter`s.
+    return all(type(tensor) in (torch.Tensor, torch.nn.Parameter) for tensor in tensors)
 
 
 def layer_norm(layer, inputs):

@@ -22,6 +22,7 @@ What it does:
 
 import contextlib
 import functools
+import threading
 
 import keras
 
@@ -76,10 +77,17 @@ def _dropout_with_host_seed():
     """The host-seeded dropout, made once (torch._dynamo loads on first use)."""
     import torch._dynamo
 
+    # One generator per device and thread, seeded anew for each mask: the
+    # draws of a new generator with that seed, without making one each time.
+    generators = threading.local()
+
     # torch's compiler does not take generators (as Keras's backend notes).
     @torch._dynamo.disable
     def dropout_with_host_seed(inputs, rate, seed_generator):
-        generator = torch.Generator(device=inputs.device)
+        per_device = generators.__dict__
+        generator = per_device.get(inputs.device)
+        if generator is None:
+            generator = per_device[inputs.device] = torch.Generator(device=inputs.device)
         generator.manual_seed(next_seed(seed_generator))
         keep_probability = 1.0 - rate
         keep = torch.bernoulli(

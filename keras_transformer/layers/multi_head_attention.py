@@ -6,6 +6,7 @@ import keras
 from keras import ops
 
 from keras_transformer.backend import attention
+from keras_transformer.backend import norms
 from keras_transformer.backend import products
 from keras_transformer.backend.shapes import reshape
 from keras_transformer.backend.shapes import slice_update
@@ -39,7 +40,8 @@ class _ConcatenatedHeadsDense(EinsumDense):
         concatenated = reshape(inputs, (-1, num_heads * head_dim))
         x = products.matmul(concatenated, reshape(kernel, (num_heads * head_dim, d_model)))
         if self.bias is not None:
-            x = ops.add(x, self.bias)
+            biased = norms.add_bias(x, self.bias)
+            x = ops.add(x, self.bias) if biased is None else biased
         return x
 
 
@@ -319,8 +321,7 @@ class MultiHeadAttention(DirectCalls, keras.layers.Layer):
         if mask is not None:
             # A query that may attend to no key (a padded query) attends to
             # nothing, instead of to every key uniformly.
-            attends = ops.any(mask, axis=-1)[:, :, None, None]  # [B, T, 1, 1]
-            attended = attended * ops.cast(attends, attended.dtype)
+            attended = attention.zero_where_no_key(attended, mask)
         output = self._per_token(self.output_dense, attended)  # [B, T, d_model]
 
         outputs = (output,)
