@@ -208,7 +208,7 @@ def test_gpu_decoding_times_ours_and_transformers_on_the_same_steps(tmp_path):
     assert "ours / transformers" in stdout
 
 
-@pytest.mark.skipif(keras.backend.backend() != "torch", reason="it measures Keras's torch backend, and refuses the others")
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="the script times Keras's torch backend against eager torch, and exits with an error under the others")
 def test_torch_host_time_times_both_steps_and_counts_their_operations(tmp_path):
     out = tmp_path / "host.json"
     stdout = run_benchmark("torch_host_time.py", "--steps", "2", "--rounds", "2", "--json", str(out))

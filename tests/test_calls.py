@@ -98,7 +98,7 @@ def test_a_direct_call_drops_the_arguments_its_call_does_not_take():
         assert takes_any.kwargs == {"training": False, "mask": None}
 
 
-@pytest.mark.skipif(keras.backend.backend() != "torch", reason="the listed variables are the torch steps'")
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="TensorFlow and JAX trace the train step once, so Keras lists the variables once there already; only torch's step is ours")
 def test_a_torch_fit_lists_its_variables_once_and_leaves_no_gradients(monkeypatch):
     """Under torch, `fit` lists the trainable variables once for all its
     steps (Keras's step walks the model's layers for them twice a step),

@@ -60,7 +60,7 @@ class CheckedData:
     # torch our layers run their calls directly (layers/calls.py).
     def train_step(self, *args, **kwargs):
         with self._step_context("train_function"):
-            if self._step_variables and self._step_variables[0] and state.direct():
+            if self._step_variables is not None and state.direct():
                 return torch_step.train_step(self, *args, self._step_variables, **kwargs)
             return super().train_step(*args, **kwargs)
 
@@ -79,7 +79,9 @@ class CheckedData:
         outer = self._step_variables
         # Set past Keras's attribute tracking, which would count a list of
         # variables as the model's own a second time.
-        object.__setattr__(self, "_step_variables", torch_step.listed(self.trainable_weights) if listed else None)
+        variables = list(self.trainable_weights) if listed else []
+        # None without variables: Keras's step then warns that none train.
+        object.__setattr__(self, "_step_variables", torch_step.listed(variables) if variables else None)
         try:
             yield
         finally:
