@@ -18,7 +18,9 @@ The two take turns, `--rounds` times, each training `--steps` steps with
 the contenders of `training_speed.py` (ours with `fit`, timed inside it).
 Printed: ms per step of each (its fastest turn: on a shared machine the
 others include other programs' time), ours / theirs as
-a speed ratio, and the torch operations one step dispatches.
+a speed ratio, and two counts of one step's host work that do not vary
+with the machine's load: the torch operations it dispatches and the
+Python and built-in function calls it makes.
 """
 
 import argparse
@@ -46,9 +48,25 @@ def dispatched_operations(step):
     return count.operations
 
 
+def function_calls(run):
+    """The Python and built-in (C) function calls that `run()` makes."""
+    calls = 0
+
+    def count(frame, event, arg):
+        nonlocal calls
+        calls += event in ("call", "c_call")
+
+    sys.setprofile(count)
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=20, help="steps a turn (at least 2)")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--precision", choices=["float32", "mixed_bfloat16"], default="float32",
                         help="mixed_bfloat16: ours under Keras's policy, theirs under torch's autocast")
@@ -59,6 +77,8 @@ def main():
 
     if keras.backend.backend() != "torch":
         sys.exit(f"error: this measures Keras's torch backend; KERAS_BACKEND is {keras.backend.backend()!r}")
+    if args.steps < 2:
+        sys.exit(f"error: --steps must be at least 2 (a step's function calls are a turn of 2 less a turn of 1); received {args.steps}")
     torch.set_num_threads(1)
     batches = speed.random_data(SIZE, args.steps)
     model = speed.our_model(SIZE, dtype=args.precision)
@@ -73,6 +93,12 @@ def main():
         "ours": dispatched_operations(lambda: model.train_on_batch(*batches[0])),
         "torch": dispatched_operations(lambda: theirs.train(1)),
     }
+    # A step's calls: a turn of 2 steps less one of 1, which cancels what a
+    # turn (ours: a `fit`) does once.
+    calls = {
+        contender.name: function_calls(lambda: contender.train(2)) - function_calls(lambda: contender.train(1))
+        for contender in contenders
+    }
     times = {"ours": [], "torch": []}
     for round_ in range(args.rounds):
         for contender in contenders[round_ % 2 :] + contenders[: round_ % 2]:
@@ -85,12 +111,13 @@ def main():
         "ms_per_step": ms,
         "ours_speed_over_torch": ms["torch"] / ms["ours"],
         "operations_per_step": operations,
+        "function_calls_per_step": calls,
         "microseconds_per_operation": {name: 1000 * ms[name] / operations[name] for name in ms},
         "versions": speed.versions(),
     }
     for name in ("ours", "torch"):
         print(f"{name:6s} {ms[name]:6.1f} ms a step, {operations[name]:5d} torch operations, "
-              f"{report['microseconds_per_operation'][name]:5.1f} us each")
+              f"{report['microseconds_per_operation'][name]:5.1f} us each, {calls[name]:6d} function calls")
     print(f"ours / torch.nn.Transformer, speed: {report['ours_speed_over_torch']:.2f}x")
     if args.json:
         with open(args.json, "w") as file:

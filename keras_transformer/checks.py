@@ -20,6 +20,7 @@ import keras
 import numpy as np
 
 from keras_transformer.backend import keras_private
+from keras_transformer.backend import state
 
 
 def check_count(name, value, least=1):
@@ -178,6 +179,14 @@ class TokenIdCheck(keras.layers.Layer):
         self.vocabulary_size = vocabulary_size
         self.input_name = input_name
         self.built = True
+
+    def __call__(self, ids, *args, **kwargs):
+        # In torch's steps and decoding calls, as our layers do
+        # (layers/calls.py): `Layer.__call__` costs more than the check.
+        # Arrays go through it, which makes them tensors.
+        if state.direct() and keras.ops.is_tensor(ids):
+            return self.call(ids)
+        return super().__call__(ids, *args, **kwargs)
 
     def call(self, ids):
         return assert_token_ids_in_range(

@@ -209,13 +209,16 @@ def test_gpu_decoding_times_ours_and_transformers_on_the_same_steps(tmp_path):
 
 
 @pytest.mark.skipif(keras.backend.backend() != "torch", reason="the script times Keras's torch backend against eager torch, and exits with an error under the others")
-def test_torch_host_time_times_both_steps_and_counts_their_operations(tmp_path):
+def test_torch_host_time_times_both_steps_and_counts_their_operations_and_calls(tmp_path):
     out = tmp_path / "host.json"
     stdout = run_benchmark("torch_host_time.py", "--steps", "2", "--rounds", "2", "--json", str(out))
     report = json.loads(out.read_text())
     ms, operations = report["ms_per_step"], report["operations_per_step"]
     assert ms["ours"] > 0 and ms["torch"] > 0
     assert report["ours_speed_over_torch"] == pytest.approx(ms["torch"] / ms["ours"])
-    # A step of each launches thousands of operations at the base's 12 layers.
+    # A step of each launches thousands of operations at the base's 12
+    # layers, and makes thousands of Python calls.
     assert operations["ours"] > 1000 and operations["torch"] > 1000
+    calls = report["function_calls_per_step"]
+    assert calls["ours"] > 1000 and calls["torch"] > 1000
     assert "ours / torch.nn.Transformer, speed:" in stdout

@@ -24,18 +24,20 @@ def batch():
     return {"source_ids": source, "target_ids": target}, target
 
 
-def trained(dtype, direct, monkeypatch, dropout=0.3):
-    """Weights, loss and predictions after 3 train steps of a tiny model,
-    with our layers' direct calls in its steps or through `Layer.__call__`."""
+def trained(dtype, direct, monkeypatch, dropout=0.3, regularizer=None):
+    """Weights, logs (loss and metrics) and predictions after 3 train steps
+    of a tiny model, with our layers' direct calls in its steps or through
+    `Layer.__call__`; `regularizer` on its first weight."""
     with monkeypatch.context() as patch:
         if not direct:
             patch.setattr(state, "direct_steps", lambda compiled=False: contextlib.nullcontext())
         keras.utils.set_random_seed(3)
         model = kt.build_transformer("tiny", vocabulary_size=V, num_layers=1, dropout=dropout, attention_dropout=0.1, dtype=dtype)
         training.compile_model(model, warmup_steps=2)
+        model.trainable_weights[0].regularizer = regularizer
         x, y = batch()
         calls._call_arguments.cache_clear()
-        losses = [model.train_on_batch(x, y)[0] for _ in range(3)]
+        losses = [model.train_on_batch(x, y, return_dict=True) for _ in range(3)]
         predictions = model.predict_on_batch(x)
         direct_calls = calls._call_arguments.cache_info().hits + calls._call_arguments.cache_info().misses
     return model.get_weights(), losses, predictions, direct_calls
@@ -57,9 +59,24 @@ def test_a_step_of_direct_calls_trains_as_keras_s_calls_do(dtype, monkeypatch):
     np.testing.assert_array_equal(predictions, keras_predictions)
     for got, want in zip(weights, keras_weights):
         np.testing.assert_array_equal(got, want)
+    assert {"loss", "masked_token_accuracy", "perplexity"} <= losses[0].keys()  # the metrics compared too
     # Dropout acted in those steps: without it the weights differ.
     plain_weights = trained(dtype, True, monkeypatch, dropout=0.0)[0]
     assert any(not np.array_equal(a, b) for a, b in zip(plain_weights, weights))
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="the step that takes the compiled loss alone is torch's; TensorFlow and JAX run Keras's step")
+def test_a_regularizer_adds_to_a_direct_step_s_loss_as_to_keras_s(monkeypatch):
+    """A torch step takes the compiled loss alone only where nothing adds to
+    it: a weight's regularizer still adds its penalty, as in Keras's step."""
+    penalty = keras.regularizers.L2(0.5)
+    weights, logs, _, _ = trained("float32", True, monkeypatch, regularizer=penalty)
+    keras_weights, keras_logs, _, _ = trained("float32", False, monkeypatch, regularizer=penalty)
+    assert logs == keras_logs
+    for got, want in zip(weights, keras_weights):
+        np.testing.assert_array_equal(got, want)
+    plain_logs = trained("float32", True, monkeypatch)[1]
+    assert logs[0]["loss"] > plain_logs[0]["loss"]
 
 
 def test_steps_call_our_layers_directly_only_under_torch_uncompiled():
@@ -104,11 +121,13 @@ def test_a_torch_fit_lists_its_variables_once_and_leaves_no_gradients(monkeypatc
     steps (Keras's step walks the model's layers for them twice a step),
     and the steps take their gradients without leaving them on the weights
     for the next step to clear."""
+    from keras_transformer.backend import keras_private
     from keras_transformer.backend import torch_step
 
-    listings = []
-    listed = torch_step.listed
-    monkeypatch.setattr(torch_step, "listed", lambda variables: listings.append(1) or listed(variables))
+    listings, walks = [], []
+    listed, sublayers = torch_step.listed, keras_private.sublayers
+    monkeypatch.setattr(torch_step, "listed", lambda model, variables: listings.append(1) or listed(model, variables))
+    monkeypatch.setattr(keras_private, "sublayers", lambda model: walks.append(1) or sublayers(model))
     keras.utils.set_random_seed(3)
     model = kt.build_transformer("tiny", vocabulary_size=V, num_layers=1)
     training.compile_model(model, warmup_steps=2)
@@ -116,6 +135,41 @@ def test_a_torch_fit_lists_its_variables_once_and_leaves_no_gradients(monkeypatc
     x, y = batch()
     model.fit({key: np.repeat(value, 3, axis=0) for key, value in x.items()}, np.repeat(y, 3, axis=0), batch_size=4, epochs=1, verbose=0)
     assert model.optimizer.iterations.numpy() == 3
-    assert len(listings) == 1
+    assert len(listings) == 1 and len(walks) == 1
     assert all(variable.value.grad is None for variable in model.trainable_weights)
     assert all(not np.array_equal(a, b) for a, b in zip(before, model.get_weights()))
+
+
+def test_a_variable_read_directly_is_the_tensor_keras_s_read_gives():
+    """`keras_private.torch_value`, which our direct calls read kernels,
+    biases and norms' scales with, gives what `Variable.value` gives: cast
+    to the dtype of a mixed-precision layer's call only for a float
+    variable that autocasts, the scope's values inside a stateless scope,
+    and Keras's own read under the other backends."""
+    from keras_transformer.backend import keras_private
+
+    class Reads(keras.layers.Layer):
+        """Both reads of each variable, inside the layer's call."""
+
+        def build(self, input_shape):
+            self.kernel = self.add_weight(shape=(2, 3), initializer="ones")
+            self.fixed = self.add_weight(shape=(3,), initializer="ones", autocast=False)
+            self.counts = self.add_weight(shape=(3,), initializer="ones", dtype="int32", trainable=False)
+
+        def call(self, inputs):
+            return [(keras_private.torch_value(v), v.value) for v in (self.kernel, self.fixed, self.counts)]
+
+    for dtype, cast in (("float32", "float32"), ("mixed_bfloat16", "bfloat16")):
+        layer = Reads(dtype=dtype)
+        layer.build(None)
+        layer.kernel.assign(np.arange(6.0).reshape(2, 3))
+        reads = layer(np.zeros((1,)))
+        with keras.StatelessScope(state_mapping=[(layer.kernel, keras.ops.full((2, 3), 7.0))]):
+            stateless = layer(np.zeros((1,)))
+        for ours, keras_s in reads + stateless:
+            assert keras.backend.standardize_dtype(ours.dtype) == keras.backend.standardize_dtype(keras_s.dtype)
+            np.testing.assert_array_equal(keras.ops.convert_to_numpy(ours), keras.ops.convert_to_numpy(keras_s))
+        assert [keras.backend.standardize_dtype(ours.dtype) for ours, _ in reads] == [cast, "float32", "int32"]
+        assert keras.ops.convert_to_numpy(stateless[0][0])[0, 0] == 7.0
+        if keras.backend.backend() == "torch" and dtype == "float32":
+            assert reads[0][0] is layer.kernel.value  # the parameter itself, which gradients reach

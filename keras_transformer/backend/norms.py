@@ -11,6 +11,7 @@ for inputs these do not cover, each returns None and the caller runs Keras's.
 
 import keras
 
+from keras_transformer.backend import keras_private
 from keras_transformer.backend import state
 
 
@@ -33,15 +34,17 @@ def layer_norm(layer, inputs):
 
     original = inputs.dtype
     x = inputs if original in (torch.float32, torch.float64) else inputs.to(torch.float32)
-    gamma = None if layer.gamma is None else layer.gamma.value.to(x.dtype)
-    beta = None if layer.beta is None else layer.beta.value.to(x.dtype)
+    gamma = None if layer.gamma is None else keras_private.torch_value(layer.gamma).to(x.dtype)
+    beta = None if layer.beta is None else keras_private.torch_value(layer.beta).to(x.dtype)
     normalized = torch.nn.functional.layer_norm(x, (x.shape[-1],), gamma, beta, layer.epsilon)
     return normalized.to(original).to(getattr(torch, layer.compute_dtype))
 
 
 def add_bias(x, bias):
     """`keras.ops.add(x, bias)` where both have one dtype."""
-    value = bias.value if isinstance(bias, keras.Variable) else bias
-    if not _direct_torch(x, value) or x.dtype != value.dtype:
+    if not _direct_torch(x):
+        return None
+    value = keras_private.torch_value(bias) if isinstance(bias, keras.Variable) else bias
+    if not _direct_torch(value) or x.dtype != value.dtype:
         return None
     return x + value

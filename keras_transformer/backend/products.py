@@ -31,6 +31,7 @@ import keras
 from keras import ops
 
 from keras_transformer import environment
+from keras_transformer.backend import keras_private
 from keras_transformer.backend import state
 
 # Below this many multiply-adds, and for one row unless the product is much
@@ -133,7 +134,7 @@ def as_matrices(x, kernel, contracted):
     import torch
 
     if isinstance(kernel, keras.Variable):  # Keras's layers pass their kernel
-        kernel = kernel.value
+        kernel = keras_private.torch_value(kernel)
     if not (
         isinstance(kernel, torch.Tensor)  # a Parameter, for a kernel
         and kernel.dtype == x.dtype
@@ -206,7 +207,7 @@ def _torch_tensor(x):
 
 
 def _kernel_value(kernel):
-    return kernel.value if isinstance(kernel, keras.Variable) else kernel
+    return keras_private.torch_value(kernel) if isinstance(kernel, keras.Variable) else kernel
 
 
 def matmul(x, kernel):

@@ -5,7 +5,8 @@ symbolic Keras tensor, flattening `shape` as a tree to do so. Under
 TensorFlow and JAX that is a C++ call; under torch it goes through Keras's
 Python tree functions, which made it a fifth of a base-size training step
 on an H100 (our attention layers reshape every projection's input and
-output). `reshape` is `torch.reshape` for an eager torch tensor.
+output). `reshape` is `torch.reshape` for an eager torch tensor, and
+`shape` its sizes.
 
 `slice_update` writes a decoding step's keys and values into the cache.
 Keras's torch `slice_update` at a tensor position builds a grid of indices
@@ -18,6 +19,17 @@ import keras
 from keras import ops
 
 from keras_transformer.backend import state
+
+
+def shape(x):
+    """`keras.ops.shape(x)`: for an eager torch tensor, its sizes as ints,
+    without Keras's check for symbolic tensors."""
+    if keras.backend.backend() == "torch":
+        import torch
+
+        if type(x) is torch.Tensor:
+            return tuple(x.shape)
+    return ops.shape(x)
 
 
 def reshape(x, shape):

@@ -8,6 +8,7 @@ from keras import ops
 from keras_transformer.backend import attention
 from keras_transformer.backend import norms
 from keras_transformer.backend import products
+from keras_transformer.backend import shapes
 from keras_transformer.backend.shapes import reshape
 from keras_transformer.backend.shapes import slice_update
 from keras_transformer.layers.calls import DirectCalls
@@ -257,7 +258,7 @@ class MultiHeadAttention(DirectCalls, keras.layers.Layer):
         batched product over B and sums the kernel's gradient over it: a
         fifth of the time of a base-size training step on a CPU.)
         """
-        batch_and_length = tuple(ops.shape(x)[:2])
+        batch_and_length = tuple(shapes.shape(x)[:2])
         projected = projection(reshape(x, (-1,) + tuple(x.shape[2:])))
         return reshape(projected, batch_and_length + tuple(projected.shape[1:]))
 
@@ -295,8 +296,8 @@ class MultiHeadAttention(DirectCalls, keras.layers.Layer):
         heads_major = cache is not None
 
         mask = self._compute_attention_mask(
-            query_length=ops.shape(query_heads)[1],
-            value_length=ops.shape(key_heads)[2 if heads_major else 1],
+            query_length=shapes.shape(query_heads)[1],
+            value_length=shapes.shape(key_heads)[2 if heads_major else 1],
             query_mask=query_mask,
             value_mask=value_mask,
             key_mask=key_mask,

@@ -25,8 +25,9 @@ class CheckedData:
     # on the host (JAX only; see `_checked_data`).
     _steps_without_id_check = frozenset()
 
-    # Under torch, uncompiled: the trainable variables, listed when `fit`
-    # or `train_on_batch` starts (backend/torch_step.py); else None.
+    # Under torch, uncompiled: the trainable variables and what else the
+    # steps walk, listed when `fit` or `train_on_batch` starts
+    # (backend/torch_step.py); else None.
     _step_variables = None
 
     def fit(self, x=None, *args, **kwargs):
@@ -81,7 +82,7 @@ class CheckedData:
         # variables as the model's own a second time.
         variables = list(self.trainable_weights) if listed else []
         # None without variables: Keras's step then warns that none train.
-        object.__setattr__(self, "_step_variables", torch_step.listed(variables) if variables else None)
+        object.__setattr__(self, "_step_variables", torch_step.listed(self, variables) if variables else None)
         try:
             yield
         finally:
