@@ -49,7 +49,8 @@ def torch_value(variable):
     import keras
 
     value = variable._value
-    scopes = _keras_scopes()
+    # The object of a module attribute that `clear_session` replaces: read anew.
+    scopes = _keras_global_state().GLOBAL_STATE_TRACKER
     if value is None or keras.backend.backend() != "torch" or getattr(scopes, "stateless_scope", None) is not None:
         return variable.value
     scope = getattr(scopes, "autocast_scope", None)
@@ -60,13 +61,13 @@ def torch_value(variable):
 
 
 @functools.cache
-def _keras_scopes():
-    """The per-thread object on which Keras keeps its open stateless and
-    autocast scopes (what `in_stateless_scope` and `get_autocast_scope`
-    read, a call each time)."""
+def _keras_global_state():
+    """Keras's module whose per-thread `GLOBAL_STATE_TRACKER` holds the open
+    stateless and autocast scopes (what `in_stateless_scope` and
+    `get_autocast_scope` read, a call each time)."""
     from keras.src.backend.common import global_state
 
-    return global_state.GLOBAL_STATE_TRACKER
+    return global_state
 
 
 @functools.cache
