@@ -18,9 +18,7 @@ def in_symbolic_scope():
 def in_stateless_scope():
     """Whether variables read a `keras.StatelessScope`'s values;
     `keras.StatelessScope` has no public getter."""
-    from keras.src.backend.common.stateless_scope import in_stateless_scope as keras_in_stateless_scope
-
-    return keras_in_stateless_scope()
+    return _open_scope("stateless_scope") is not None
 
 
 def torch_parallel_adam_update(optimizer, grads, variables, learning_rate):
@@ -49,22 +47,25 @@ def torch_value(variable):
     import keras
 
     value = variable._value
-    # The object of a module attribute that `clear_session` replaces: read anew.
-    scopes = _keras_global_state().GLOBAL_STATE_TRACKER
-    if value is None or keras.backend.backend() != "torch" or getattr(scopes, "stateless_scope", None) is not None:
+    if value is None or keras.backend.backend() != "torch" or in_stateless_scope():
         return variable.value
-    scope = getattr(scopes, "autocast_scope", None)
+    scope = _open_scope("autocast_scope")
     if scope is None or scope.dtype is None or not variable._autocast or not value.is_floating_point():
         return value
     dtype = _torch_dtype(scope.dtype)
     return value if value.dtype == dtype else value.to(dtype)
 
 
+def _open_scope(name):
+    """The scope of kind `name` ("stateless_scope", "autocast_scope") that
+    Keras records as open on this thread, or None: what Keras's own getters
+    read, a few calls each. The record is read from its module each time,
+    as `clear_session` replaces it."""
+    return getattr(_keras_global_state().GLOBAL_STATE_TRACKER, name, None)
+
+
 @functools.cache
 def _keras_global_state():
-    """Keras's module whose per-thread `GLOBAL_STATE_TRACKER` holds the open
-    stateless and autocast scopes (what `in_stateless_scope` and
-    `get_autocast_scope` read, a call each time)."""
     from keras.src.backend.common import global_state
 
     return global_state
