@@ -47,9 +47,10 @@ def torch_value(variable):
     import keras
 
     value = variable._value
-    if value is None or keras.backend.backend() != "torch" or in_stateless_scope():
+    scopes = _keras_global_state().GLOBAL_STATE_TRACKER  # both scopes, read once
+    if value is None or keras.backend.backend() != "torch" or getattr(scopes, "stateless_scope", None) is not None:
         return variable.value
-    scope = _open_scope("autocast_scope")
+    scope = getattr(scopes, "autocast_scope", None)
     if scope is None or scope.dtype is None or not variable._autocast or not value.is_floating_point():
         return value
     dtype = _torch_dtype(scope.dtype)
