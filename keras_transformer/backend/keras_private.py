@@ -47,7 +47,8 @@ def torch_value(variable):
     import keras
 
     value = variable._value
-    scopes = _keras_global_state().GLOBAL_STATE_TRACKER  # both scopes, read once
+    # `_scopes()` written out: a read is on a step's hot path, a few hundred a step.
+    scopes = _keras_global_state().GLOBAL_STATE_TRACKER
     if value is None or keras.backend.backend() != "torch" or getattr(scopes, "stateless_scope", None) is not None:
         return variable.value
     scope = getattr(scopes, "autocast_scope", None)
@@ -62,11 +63,19 @@ def _open_scope(name):
     Keras records as open on this thread, or None: what Keras's own getters
     read, a few calls each. The record is read from its module each time,
     as `clear_session` replaces it."""
-    return getattr(_keras_global_state().GLOBAL_STATE_TRACKER, name, None)
+    return getattr(_scopes(), name, None)
+
+
+def _scopes():
+    """Keras's per-thread record of its open scopes."""
+    return _keras_global_state().GLOBAL_STATE_TRACKER
 
 
 @functools.cache
 def _keras_global_state():
+    """Keras's global-state module: Keras has no public getter for the open
+    autocast scope (`AutocastScope` is not exported), and
+    `keras.StatelessScope` none for the open stateless scope."""
     from keras.src.backend.common import global_state
 
     return global_state
