@@ -11,13 +11,14 @@ Keras and its backend are first imported:
 - torch's OpenMP threads wait passively (`OMP_WAIT_POLICY=PASSIVE`, unless
   it is set): busy-waiting, torch's threads spin against the `tf.data`
   threads that feed them, and a step on a small CPU takes many times longer;
-- under torch and JAX, large tensors come from the heap (glibc's
-  `mallopt`), not from fresh memory maps: glibc maps each allocation over
-  32 MB from the OS and unmaps it when it is freed, so every `[B, T, V]`
-  tensor of a step page-faulted its whole size in again. TensorFlow, which
-  ran slower that way, keeps glibc's default; so does a process whose
-  allocator the user has chosen (`LD_PRELOAD`, `GLIBC_TUNABLES` or a
-  `MALLOC_*` variable);
+- large tensors come from the heap (glibc's `mallopt`), not from fresh
+  memory maps: glibc maps large allocations from the OS and gives them
+  back when they are freed, so every `[B, T, V]` tensor of a step
+  page-faulted its whole size in again; on a virtual machine, where a
+  fault costs microseconds, the small model trained 1.22x faster under
+  TensorFlow with a fifth of the system time (`benchmarks/heap.py`). A
+  process whose allocator the user has chosen (`LD_PRELOAD`,
+  `GLIBC_TUNABLES` or a `MALLOC_*` variable) keeps it;
 - quiet output for the command line and the recipes: TensorFlow's, XLA's
   and SentencePiece's C++ log lines (CUDA probes, CPU feature notices,
   "precompiled_charsmap is empty") are filtered out of stderr. `--verbose`,
@@ -136,7 +137,7 @@ def prepare():
             raise SystemExit(2) from None
         raise
     set_thread_policy(backend)
-    allocate_from_the_heap(backend)
+    allocate_from_the_heap()
     quiet = running_as_command() or os.environ.get("KERAS_TRANSFORMER_QUIET", "") not in ("", "0")
     if quiet and not verbose_requested():
         quiet_third_party_logs()
@@ -157,8 +158,9 @@ KEPT_FREE_BYTES = 1 << 30
 _heap_only = False
 
 
-def allocate_from_the_heap(backend):
-    """Under torch and JAX, on glibc: no memory maps for large allocations.
+def allocate_from_the_heap():
+    """On glibc: no memory maps for large allocations, and freed memory is
+    kept for the next ones.
 
     Returns:
         whether malloc was changed, now or by an earlier call.
@@ -166,7 +168,7 @@ def allocate_from_the_heap(backend):
     global _heap_only
     if _heap_only:
         return True
-    if backend not in ("torch", "jax") or not sys.platform.startswith("linux"):
+    if not sys.platform.startswith("linux"):
         return False
     if os.environ.get("LD_PRELOAD") or os.environ.get("GLIBC_TUNABLES"):
         return False
