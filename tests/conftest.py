@@ -16,6 +16,13 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
+# The suite's models are tiny and each program runs for milliseconds, so
+# LLVM's optimization of XLA's CPU code (JAX, and TensorFlow's searches and
+# train steps) costs more than it saves: a third of the JAX pass's compile
+# time. A user's programs keep XLA's default; so does a run that sets it.
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
+
 # Before Keras: the package settles how torch's threads wait.
 import keras_transformer  # noqa: E402, F401
 import keras  # noqa: E402

@@ -222,3 +222,18 @@ def test_torch_host_time_times_both_steps_and_counts_their_operations_and_calls(
     calls = report["function_calls_per_step"]
     assert calls["ours"] > 1000 and calls["torch"] > 1000
     assert "ours / torch.nn.Transformer, speed:" in stdout
+
+
+def test_heap_times_both_malloc_settings_in_fresh_processes(tmp_path):
+    out = tmp_path / "heap.json"
+    stdout = run_benchmark(
+        "heap.py", "--backends", "jax", "--size", "tiny", "--steps", "1", "--rounds", "1", "--out", str(out),
+    )
+    report = json.loads(out.read_text())["backends"]["jax"]
+    heap, default = report["heap"], report["glibc default"]
+    for result in (heap, default):
+        assert result["target_tokens_per_second"] > 0 and result["minor_page_faults"] > 0
+    assert report["heap_over_default"] == pytest.approx(
+        heap["target_tokens_per_second"] / default["target_tokens_per_second"]
+    )
+    assert "| jax | glibc default |" in stdout and "heap / default" in stdout

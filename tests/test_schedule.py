@@ -102,8 +102,11 @@ def test_adam_updates_as_keras_adam_does(amsgrad):
         for step, step_grads in enumerate(grads):
             if step == 2:  # as a restored checkpoint does: in place
                 variables[0].assign(start[0] * 2)
+            # The first gradient as autograd gives a kernel's that was used
+            # transposed: under torch, a view whose memory is in another order.
+            first = keras.ops.transpose(keras.ops.convert_to_tensor(np.ascontiguousarray(step_grads[0].T)))
             # A step without the second variable's gradient, then with it.
-            pairs = list(zip([keras.ops.convert_to_tensor(g) for g in step_grads], variables))
+            pairs = list(zip([first, keras.ops.convert_to_tensor(step_grads[1])], variables))
             optimizer.apply_gradients(pairs[:1] if step == 3 else pairs)
         return [to_numpy(v) for v in variables]
 
@@ -111,6 +114,38 @@ def test_adam_updates_as_keras_adam_does(amsgrad):
     assert not np.allclose(ours[0], start[0])
     for mine, theirs in zip(ours, reference):
         np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_a_model_trains_with_our_adam_as_with_keras_s():
+    """The update in a model's steps, on the gradients its backend gives
+    (under torch, some of them transposed views): the torch quick start
+    trained to 84 BLEU, not 99, while the fused kernel read those in the
+    wrong order, and the update of plain tensors above was right."""
+    import keras_transformer as kt
+
+    inputs, labels = kt.data.reversal_task(64, 16, seed=0)
+
+    def trained_with(optimizer_class):
+        keras.utils.set_random_seed(0)
+        # A vocabulary over d_model: then torch's gradient of the shared
+        # embedding is a transposed view.
+        model = kt.build_transformer("tiny", vocabulary_size=400, num_layers=1, dropout=0.0)
+        model.compile(
+            optimizer=optimizer_class(1e-2, beta_1=0.9, beta_2=0.98, epsilon=1e-9),
+            loss=kt.losses.LabelSmoothedCrossEntropy(),
+        )
+        losses = [
+            float(model.train_on_batch({k: v[i : i + 16] for k, v in inputs.items()}, labels[i : i + 16]))
+            for i in range(0, 64, 16)
+        ]
+        return losses, to_numpy(model.source_embedding.embeddings)
+
+    (our_losses, ours), (their_losses, theirs) = trained_with(Adam), trained_with(keras.optimizers.Adam)
+    np.testing.assert_allclose(our_losses, their_losses, rtol=2e-4)
+    # All but a few embedding weights: where a gradient is within a few
+    # orders of epsilon, torch's kernel updates as Adam's paper does, not as
+    # Keras does (backend/fused_adam.py).
+    assert np.mean(np.abs(ours - theirs) > 1e-4) < 0.01
 
 
 @pytest.mark.skipif(

@@ -413,7 +413,7 @@ def test_jax_data_parallel_over_two_devices_matches_one_device(tmp_path):
     single = run(tmp_path / "one", 6, 3, tmp_path / "one.npz")
     double = run(
         tmp_path / "two", 6, 3, tmp_path / "two.npz", "--devices", "2",
-        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
+        env={"XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2"},
     )
     assert int(double["replicas"]) == 2
     np.testing.assert_allclose(double["losses"], single["losses"], rtol=1e-4)

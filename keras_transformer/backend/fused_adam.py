@@ -44,7 +44,9 @@ def update(optimizer, grads, variables, learning_rate):
     steps.fill_(optimizer.iterations.value)
     adam(
         parameters,
-        list(grads),
+        # The kernel walks a gradient's memory in its parameter's order, and
+        # autograd gives a kernel used transposed a transposed view.
+        [gradient.contiguous() for gradient in grads],
         momentums,
         velocities,
         [],
