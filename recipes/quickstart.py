@@ -13,7 +13,7 @@ for the command line, and for TF Serving:
     python -m keras_transformer translate --model-dir runs/quickstart < input.en
     python -m keras_transformer export --model-dir runs/quickstart   # saved_models/quickstart/<version>/
 
-It takes about two minutes on 2 CPU cores (71-139 s measured, by backend):
+It takes two to four minutes on 2 CPU cores (123-218 s measured, by backend):
 
     KERAS_BACKEND=jax python recipes/quickstart.py
 """
