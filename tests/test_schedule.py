@@ -2,6 +2,7 @@ import keras
 import numpy as np
 import pytest
 
+import keras_transformer as kt
 from keras_transformer.optimizers import Adam, transformer_adam
 from keras_transformer.schedules import TransformerSchedule
 
@@ -121,8 +122,6 @@ def test_a_model_trains_with_our_adam_as_with_keras_s():
     (under torch, some of them transposed views): the torch quick start
     trained to 84 BLEU, not 99, while the fused kernel read those in the
     wrong order, and the update of plain tensors above was right."""
-    import keras_transformer as kt
-
     inputs, labels = kt.data.reversal_task(64, 16, seed=0)
 
     def trained_with(optimizer_class):
