@@ -11,8 +11,9 @@ def log_probabilities(logits):
 
     The loss and the perplexity metric both call this, so that where a
     training step is one compiled graph (TensorFlow with XLA) the two share
-    one pass over the `[B, T, V]` logits. JAX takes neither: its loss and
-    metrics share `backend/cross_entropy.py`'s reductions instead.
+    one pass over the `[B, T, V]` logits. JAX's and torch's loss take
+    `backend/cross_entropy.py`'s written-out gradient instead, which their
+    metrics share.
     """
     return ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
 
@@ -42,14 +43,15 @@ def label_negative_log_likelihood(labels, logits):
     """-log p(label) per token, float32 `[B, T]`, for metrics (no gradient).
 
     The log-probabilities are the loss's own (`log_probabilities`; under
-    JAX, the loss's log-normalizer), so that where a training step is one
-    compiled graph the metric adds only a gather; a gather is the cheapest
-    pick where nothing differentiates through it. Even alone (under torch)
-    the one fused `log_softmax` is faster than Keras's `logsumexp`, which
-    makes several passes.
+    JAX, the loss's log-normalizer; in our torch train step, the loss's
+    value), so that where a training step is one compiled graph the metric
+    adds only a gather; a gather is the cheapest pick where nothing
+    differentiates through it. Even alone (torch outside our step) the one
+    fused `log_softmax` is faster than Keras's `logsumexp`, which makes
+    several passes.
     """
     fused = cross_entropy.negative_log_likelihood(labels, logits)
-    if fused is not None:  # JAX: the loss's own reductions
+    if fused is not None:  # the loss's own reductions
         return fused
     return -ops.take_along_axis(
         log_probabilities(logits), ops.cast(labels, "int32")[..., None], axis=-1
@@ -101,7 +103,7 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         self.padding_id = padding_id
 
     def call(self, y_true, y_pred):
-        # Under JAX with its gradient written out (backend/cross_entropy.py).
+        # Under JAX and torch with its gradient written out (backend/cross_entropy.py).
         per_token = cross_entropy.smoothed_cross_entropy(y_true, y_pred, self.label_smoothing)
         if per_token is None:
             label_log_probs, mean_log_probs = token_log_probabilities(y_true, y_pred)

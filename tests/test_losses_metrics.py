@@ -172,7 +172,7 @@ def test_accuracy_counts_a_label_tied_for_the_largest_logit_as_right():
     assert float(to_numpy(metric.result())) == pytest.approx(2 / 3)
 
 
-@pytest.mark.skipif(keras.backend.backend() != "jax", reason="JAX's loss alone has its gradient written out; the gradient tests above cover every backend")
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="looks at XLA's program of the step; the gradient tests above cover every backend")
 def test_under_jax_a_training_step_passes_over_the_logits_few_times():
     """The loss's gradient is written out (backend/cross_entropy.py) and the
     metrics share the loss's reductions: in the compiled step of loss,
@@ -201,3 +201,52 @@ def test_under_jax_a_training_step_passes_over_the_logits_few_times():
     kernels = [line.split("=", 1) for line in hlo.splitlines() if "fusion(" in line or "custom-call(" in line]
     writing_logits = [name for name, rest in kernels if f",{vocabulary}]" in rest.split("(", 1)[0]]
     assert len(writing_logits) == 1, writing_logits
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="counts the eager torch operations of a step; the gradient tests above cover every backend")
+def test_under_torch_a_training_step_passes_over_the_logits_few_times():
+    """Under torch every operation is a kernel of its own. In our train step
+    the loss's gradient is written out and the perplexity metric takes the
+    loss's -log p(label): the logits' size is written by the output
+    product, one `log_softmax`, and the gradient's `exp`, scatter and
+    multiply-add (twice as many passes, two `log_softmax`, before). The
+    step's loss and perplexity are still the formula's."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import keras_transformer as kt
+    from keras_transformer.training import compile_model
+
+    vocabulary, shape = 997, (6, 5)  # a size no other tensor has
+    no_writes = ("view", "expand", "detach", "permute", "t.default", "transpose", "unsqueeze", "squeeze", "_unsafe_view")
+
+    class LogitsWrites(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.operations = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            output = func(*args, **(kwargs or {}))
+            for tensor in keras.tree.flatten(output):
+                if getattr(tensor, "shape", ())[-1:] == (vocabulary,) and not any(word in str(func) for word in no_writes):
+                    self.operations.append(str(func))
+            return output
+
+    model = kt.build_transformer(vocabulary_size=vocabulary, num_layers=1, d_model=16, num_heads=2, d_ff=32, dropout=0.0)
+    compile_model(model, label_smoothing=0.1)
+    rng = np.random.default_rng(0)
+    x = {name: rng.integers(1, vocabulary, shape).astype("int32") for name in ("source_ids", "target_ids")}
+    labels = rng.integers(1, vocabulary, shape).astype("int32")
+    labels[:, -1] = 0  # padding
+    model.train_on_batch(x, labels)  # builds the optimizer
+    logits = to_numpy(model(x)).astype("float64")
+    with LogitsWrites() as writes:
+        logs = model.train_on_batch(x, labels, return_dict=True)
+    assert writes.operations.count("aten._log_softmax.default") == 1, writes.operations
+    assert len(writes.operations) <= 5, writes.operations
+
+    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    real = labels != 0
+    nll = -np.take_along_axis(log_probs, labels[..., None], -1)[..., 0]
+    np.testing.assert_allclose(logs["perplexity"], np.exp(nll[real].mean()), rtol=1e-4)
+    smoothed = 0.9 * nll - 0.1 * log_probs.mean(-1)
+    np.testing.assert_allclose(logs["loss"], smoothed[real].mean(), rtol=1e-4)

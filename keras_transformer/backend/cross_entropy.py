@@ -1,4 +1,4 @@
-"""Label-smoothed cross-entropy with its gradient written out, under JAX.
+"""Label-smoothed cross-entropy with its gradient written out, under JAX and torch.
 
 Per token, with z the logits over a vocabulary of V and log p(v) = z_v -
 logsumexp(z):
@@ -13,11 +13,20 @@ gather, and the backward pass one elementwise pass. The metrics use the
 same reductions (`label_logit`, `largest_logit`, `log_normalizer`), so in
 a compiled step XLA computes them once for the loss and the metrics.
 
-Only JAX takes this path: elsewhere `smoothed_cross_entropy` returns None
-and the loss differentiates its formula as before.
+Under torch, which runs each operation as its own kernel, the forward
+pass is one `log_softmax` and its mean, the backward pass an `exp` and one
+multiply-add, where autodiff of the formula made about twice as many
+passes. Inside `shared_step(logits)` (our torch train step), the loss also
+leaves -log p(label) for the perplexity metric given the same logits,
+which would otherwise compute the `log_softmax` a second time.
+
+TensorFlow does not take this path: there `smoothed_cross_entropy` returns
+None and the loss differentiates its formula, which XLA fuses.
 """
 
+import contextlib
 import functools
+import threading
 
 import keras
 from keras import ops
@@ -43,19 +52,52 @@ def log_normalizer(logits):
     return peak + ops.log(ops.sum(ops.exp(ops.cast(logits, "float32") - peak[..., None]), axis=-1))
 
 
+class _Shared(threading.local):
+    logits = None  # the step's logits, while its loss and metrics run
+    negative_log_likelihood = None  # the loss's, once computed
+
+
+_shared = _Shared()
+
+
+@contextlib.contextmanager
+def shared_step(logits):
+    """Within: under torch, the loss computed from `logits` (Keras's float32
+    copy of them) leaves -log p(label), which `negative_log_likelihood`
+    then returns for the same `logits` and labels."""
+    outer = (_shared.logits, _shared.negative_log_likelihood)
+    _shared.logits, _shared.negative_log_likelihood = logits, None
+    try:
+        yield
+    finally:
+        _shared.logits, _shared.negative_log_likelihood = outer
+
+
 def negative_log_likelihood(labels, logits):
     """-log p(label) per token, float32 `[B, T]`, from the loss's own
-    reductions under JAX; None elsewhere."""
-    if keras.backend.backend() != "jax":
-        return None
-    return log_normalizer(logits) - label_logit(labels, logits)
+    reductions: under JAX, and under torch inside `shared_step(logits)`
+    once the loss ran; else None."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        return log_normalizer(logits) - label_logit(labels, logits)
+    if backend == "torch" and logits is _shared.logits:
+        found = _shared.negative_log_likelihood
+        if found is not None and tuple(found.shape) == tuple(labels.shape):
+            return found
+    return None
 
 
 def smoothed_cross_entropy(labels, logits, label_smoothing):
-    """The loss above per token, float32 `[B, T]`, or None off JAX."""
-    if keras.backend.backend() != "jax":
-        return None
-    return _jax_loss()(labels, logits, float(label_smoothing))
+    """The loss above per token, float32 `[B, T]`, or None under TensorFlow."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        return _jax_loss()(labels, logits, float(label_smoothing))
+    if backend == "torch":
+        per_token, negative_log_likelihood = _torch_loss().apply(labels, logits, float(label_smoothing))
+        if _shared.logits is not None and tuple(_shared.logits.shape) == tuple(logits.shape):
+            _shared.negative_log_likelihood = negative_log_likelihood
+        return per_token
+    return None
 
 
 @functools.cache
@@ -81,3 +123,36 @@ def _jax_loss():
 
     loss.defvjp(forward, backward)
     return loss
+
+
+@functools.cache
+def _torch_loss():
+    import torch
+
+    class SmoothedCrossEntropy(torch.autograd.Function):
+        """`(loss, -log p(label))` per token; the second has no gradient."""
+
+        @staticmethod
+        def forward(ctx, labels, logits, eps):
+            log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+            labels = labels.long().unsqueeze(-1)
+            label_log_prob = log_probs.gather(-1, labels).squeeze(-1)
+            loss = -(1.0 - eps) * label_log_prob - eps * log_probs.mean(-1)
+            ctx.save_for_backward(labels, log_probs)
+            ctx.eps, ctx.dtype = eps, logits.dtype
+            nll = -label_log_prob
+            ctx.mark_non_differentiable(nll)
+            return loss, nll
+
+        @staticmethod
+        def backward(ctx, cotangent, _):
+            labels, log_probs = ctx.saved_tensors
+            eps, vocabulary = ctx.eps, log_probs.shape[-1]
+            weight = cotangent.unsqueeze(-1).float()
+            gradient = torch.exp(log_probs)
+            gradient.scatter_add_(-1, labels, torch.full_like(labels, -(1.0 - eps), dtype=gradient.dtype))
+            # (softmax - onehot (1 - eps) - eps / V) * cotangent, in one pass.
+            torch.addcmul(weight * (-eps / vocabulary), gradient, weight, out=gradient)
+            return None, gradient.to(ctx.dtype), None
+
+    return SmoothedCrossEntropy

@@ -20,6 +20,7 @@ the metrics' updates are Keras's, as in its step; a model that overrides
 
 import keras
 
+from keras_transformer.backend import cross_entropy
 from keras_transformer.backend import keras_private
 
 
@@ -45,10 +46,15 @@ def listed(model, variables):
 def train_step(model, data, lists):
     """One step of `model` on `data`, updating the variables in `lists`,
     the `Listed` its fit made; returns the metrics' logs."""
-    import torch
-
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     y_pred = model(x, training=True)
+    with cross_entropy.shared_step(y_pred):
+        return _step(model, lists, x, y, y_pred, sample_weight)
+
+
+def _step(model, lists, x, y, y_pred, sample_weight):
+    import torch
+
     loss = _loss(model, lists, x, y, y_pred, sample_weight)
     first_input = next(tensor for tensor in keras.tree.flatten(x) if tensor is not None)
     keras_private.loss_tracker(model).update_state(loss, sample_weight=first_input.shape[0])
