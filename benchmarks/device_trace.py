@@ -1,9 +1,11 @@
-"""Where a traced stretch of JAX work spent the GPU's time: kernel time by kind.
+"""Where a traced stretch of JAX or torch work spent the GPU's time: kernel time by kind.
 
 `traced(directory)` wraps `jax.profiler.trace`; `kernel_time(directory)`
 reads the trace back with `jax.profiler.ProfileData` (no TensorFlow, no
 TensorBoard) and sums the kernels that ran on the GPU's streams, by kind
 (matmuls, fused attention, the rest of XLA's fusions, copies) and by name.
+`torch_traced()` and `torch_kernel_time(profiler)` do the same with
+`torch.profiler` for torch work (Keras's torch backend, or torch's own).
 Beside the wall time of the same stretch it says how busy the GPU was: a
 step whose kernels add up to much less than its wall time waits on the
 host or on launches, not on arithmetic.
@@ -69,6 +71,44 @@ def kernel_time(directory):
     host_lines = [line for plane in planes if plane.name.startswith("/host:") for line in plane.lines]
     if not by_name:
         raise ValueError(f"The trace's GPU planes hold no stream lines; its lines: {sorted(lines)}")
+    return _summary(by_name, spans, host_lines)
+
+
+@contextlib.contextmanager
+def torch_traced():
+    """`torch.profiler` recording the GPU's kernels (CUDA activity only: the
+    host side's own events would slow the host-bound steps it measures; on
+    a machine without one, the host's, so that the stretch still runs)."""
+    import torch
+
+    activity = torch.profiler.ProfilerActivity
+    with torch.profiler.profile(activities=[activity.CUDA if torch.cuda.is_available() else activity.CPU]) as profiler:
+        yield profiler
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def torch_kernel_time(profiler):
+    """`kernel_time`'s summary of a `torch_traced` stretch, or None where no
+    kernel ran on a GPU."""
+    from torch.autograd import DeviceType
+
+    by_name = collections.defaultdict(lambda: [0.0, 0])
+    spans = []
+    for event in profiler.events():
+        if event.device_type != DeviceType.CUDA:
+            continue
+        start, end = event.time_range.start * 1000, event.time_range.end * 1000  # us -> ns
+        entry = by_name[event.name]
+        entry[0] += (end - start) / 1e9
+        entry[1] += 1
+        spans.append((start, end, event.name))
+    if not by_name:
+        return None
+    return _summary(by_name, spans)
+
+
+def _summary(by_name, spans, host_lines=()):
     by_kind = collections.Counter()
     for name, (seconds, _) in by_name.items():
         by_kind[kind_of(name)] += seconds

@@ -55,7 +55,8 @@ the sentences at their own lengths ("without padding"); target tokens
 are the real ones. `--size tiny` with
 `--steps 1 --rounds 1` is the smoke test's seconds-long run.
 
-`--profile` (JAX) then traces one more turn of each Keras contender and
+`--profile` then traces one more turn of each contender (under JAX the
+Keras ones; under torch every one, `torch.profiler`) and
 prints the GPU's kernel time by kind (matmuls, fused attention, the rest
 of XLA's fusions, scatters, copies), the kernels that took longest, and the
 GPU's idle time with the host's work in its longest gaps (`device_trace.py`).
@@ -758,21 +759,28 @@ def run(args):
 
 
 def profile_turns(args, contenders, results):
-    """One more turn of each Keras contender under JAX's profiler: the GPU's
-    kernel time by kind, beside the turn's wall time (`device_trace`)."""
+    """One more turn of each contender under a profiler: the GPU's kernel
+    time by kind, beside the turn's wall time (`device_trace`). Under JAX,
+    the Keras contenders (JAX's profiler); under torch, all of them."""
     import tempfile
 
     import device_trace
 
+    under_torch = keras.backend.backend() == "torch"
     for contender in contenders:
-        if contender.name == "torch":
+        if contender.name == "torch" and not under_torch:
             continue
         directory = tempfile.mkdtemp(prefix=f"trace_{contender.name}_")
         contender.train(1)
         try:
-            with device_trace.traced(directory):
-                seconds = contender.train(args.steps)
-            summary = device_trace.kernel_time(directory)
+            if under_torch:
+                with device_trace.torch_traced() as profiler:
+                    seconds = contender.train(args.steps)
+                summary = device_trace.torch_kernel_time(profiler)
+            else:
+                with device_trace.traced(directory):
+                    seconds = contender.train(args.steps)
+                summary = device_trace.kernel_time(directory)
         except Exception as error:  # a profiler that fails costs the trace, not the figures
             results[contender.name]["device_trace"] = {"error": f"{type(error).__name__}: {error}"}
             print(f"\n{contender.name}: no trace ({type(error).__name__}: {error})")
@@ -871,7 +879,7 @@ def main():
     parser.add_argument("--corpus-vocabulary", type=int, default=8000,
                         help="with --corpus: the BPE vocabulary learned from it, which sets the lengths")
     parser.add_argument("--profile", action="store_true",
-                        help="JAX: then one traced turn per Keras contender, its GPU kernel time by kind")
+                        help="then one traced turn per contender (JAX: the Keras ones), its GPU kernel time by kind")
     parser.add_argument("--out", help="where to write the JSON report")
     args = parser.parse_args()
     if args.steps < 1 or args.rounds < 1:
@@ -890,8 +898,8 @@ def main():
     ):
         parser.error(f"--steps-per-execution must be >= 1 and divide --steps ({args.steps}). "
                      f"Received: {args.steps_per_execution}")
-    if args.profile and keras.backend.backend() != "jax":
-        parser.error(f"--profile reads JAX's trace; the backend is {keras.backend.backend()}")
+    if args.profile and keras.backend.backend() not in ("jax", "torch"):
+        parser.error(f"--profile reads JAX's or torch's trace; the backend is {keras.backend.backend()}")
     args.jit_compile = {"auto": "auto", "true": True, "false": False}[args.jit_compile]
     report = run(args)
     if args.out:

@@ -31,13 +31,18 @@ def test_one_tiny_step_reports_tokens_per_second(tmp_path):
     # double the time. The next test builds it.
     result = subprocess.run(
         [sys.executable, SCRIPT, "--size", "tiny", "--batch-size", "3", "--steps", "1",
-         "--rounds", "1", "--contenders", "torch", "--out", str(out)],
+         "--rounds", "1", "--contenders", "torch", "--out", str(out),
+         # torch's profiler, its GPU kernels summed (none on a CPU)
+         *(["--profile"] if keras.backend.backend() == "torch" else [])],
         env=dict(os.environ, KERAS_BACKEND=keras.backend.backend(), TF_CPP_MIN_LOG_LEVEL="3"),
         capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())
     ours = report["contenders"]["ours"]
+    if keras.backend.backend() == "torch":
+        assert "ours, one traced turn of 1 steps:\nno GPU kernels in the trace" in result.stdout
+        assert "device_trace" in ours
     assert report["keras_backend"] == keras.backend.backend()
     assert report["shape"]["batch_size"] == 3  # --batch-size replaces the size's 2
     assert report["matmul_flops_per_step"] == benchmark_flops(report["shape"])

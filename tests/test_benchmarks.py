@@ -237,3 +237,23 @@ def test_heap_times_both_malloc_settings_in_fresh_processes(tmp_path):
         heap["target_tokens_per_second"] / default["target_tokens_per_second"]
     )
     assert "| jax | glibc default |" in stdout and "heap / default" in stdout
+
+
+def test_compile_time_reports_each_setting_and_length_from_its_own_process(parallel_files, tmp_path):
+    out = tmp_path / "compile.json"
+    result = subprocess.run(
+        [sys.executable, os.path.join(BENCHMARKS, "compile_time.py"), "--size", "tiny",
+         "--corpus", str(parallel_files / "train.en"), str(parallel_files / "train.de"),
+         "--corpus-vocabulary", "500", "--tokens-per-batch", "256", "--buckets", "2", "--sample", "20", "--steps", "8", "--rounds", "1",
+         "--settings", "no Triton GEMMs", "--out", str(out)],  # one: each is a process of its own
+        env=dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3"),
+        capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    settings = json.loads(out.read_text())["settings"]
+    assert settings["no Triton GEMMs"]["xla_flags"].endswith("--xla_gpu_enable_triton_gemm=false")
+    for setting in settings.values():
+        lengths = [row["batch"][1] for row in setting["lengths"]]
+        assert len(lengths) == 2 and lengths == sorted(lengths)  # both buckets, shortest first
+        assert all(row["first_fit_seconds"] > row["step_seconds"] > 0 for row in setting["lengths"])
+    assert "first fits" in result.stdout and "x its speed" in result.stdout
