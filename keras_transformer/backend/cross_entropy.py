@@ -62,9 +62,10 @@ _shared = _Shared()
 
 @contextlib.contextmanager
 def shared_step(logits):
-    """Within: under torch, the loss computed from `logits` (Keras's float32
-    copy of them) leaves -log p(label), which `negative_log_likelihood`
-    then returns for the same `logits` and labels."""
+    """Within: under torch, the loss computed from `logits` (the model's
+    float32 logits, which Keras hands to the loss as they are) leaves
+    -log p(label), which `negative_log_likelihood` then returns for the
+    same `logits` and labels."""
     outer = (_shared.logits, _shared.negative_log_likelihood)
     _shared.logits, _shared.negative_log_likelihood = logits, None
     try:
@@ -94,7 +95,7 @@ def smoothed_cross_entropy(labels, logits, label_smoothing):
         return _jax_loss()(labels, logits, float(label_smoothing))
     if backend == "torch":
         per_token, negative_log_likelihood = _torch_loss().apply(labels, logits, float(label_smoothing))
-        if _shared.logits is not None and tuple(_shared.logits.shape) == tuple(logits.shape):
+        if logits is _shared.logits:
             _shared.negative_log_likelihood = negative_log_likelihood
         return per_token
     return None
