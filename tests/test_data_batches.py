@@ -12,6 +12,7 @@ from keras_transformer.checks import check_ids_on_host
 from keras_transformer.data import SubwordTokenizer
 from keras_transformer.data import TokenBatches
 from keras_transformer.data import builtin_corpus
+from keras_transformer.data.batches import aligned_rows
 from keras_transformer.data.batches import fitted_bucket_lengths
 from keras_transformer.data.prepared import tokenize_pairs
 from keras_transformer.training.checkpoints import checkpoint_step
@@ -96,6 +97,39 @@ def test_fitted_buckets_pad_less_than_as_many_geometric_ones(pairs):
         assert lengths.max() <= fitted.lengths[bucket] and (bucket == 0 or lengths.min() > fitted.lengths[bucket - 1])
     with pytest.raises(ValueError, match=r"`buckets` must be an integer from 1 to 64, or None. Received: buckets=0"):
         TokenBatches(pairs, 512, buckets=0)
+
+
+def test_aligned_rows_make_tokens_a_multiple_of_64_where_that_costs_few_rows():
+    # The base recipe's lengths on Multi30k, 25,000 tokens: [462, 54] -> [448, 54].
+    assert aligned_rows(462, 54) == 448 and aligned_rows(1136, 22) == 1120
+    for rows in range(1, 3000, 7):
+        for length in (2, 9, 15, 22, 54, 56, 64, 129, 256):
+            aligned = aligned_rows(rows, length)
+            assert rows - aligned <= rows / 32
+            multiple = 64
+            while multiple > 1 and (aligned * length) % multiple:
+                multiple //= 2
+            # No power of two above the one reached was in reach at that cost.
+            for larger in (2 * multiple, 4 * multiple):
+                if larger <= 64:
+                    step = larger // np.gcd(larger, length)
+                    assert rows - rows // step * step > rows / 32 or rows // step == 0
+    assert aligned_rows(462, 54, alignment=1) == 462
+
+
+def test_full_batches_are_aligned_per_replica_within_the_budget(pairs):
+    for multiple in (1, 2):
+        aligned = TokenBatches(pairs, 4000, max_length=64, seed=0, batch_multiple=multiple)
+        plain = TokenBatches(pairs, 4000, max_length=64, seed=0, batch_multiple=multiple, token_alignment=1)
+        per_replica = aligned.batch_sizes // multiple
+        assert (aligned.batch_sizes % multiple == 0).all() and (aligned.batch_sizes <= plain.batch_sizes).all()
+        assert (plain.batch_sizes == np.maximum(multiple, 4000 // plain.lengths // multiple * multiple)).all()
+        assert (per_replica * aligned.lengths % 8 == 0).sum() > (plain.batch_sizes // multiple * plain.lengths % 8 == 0).sum()
+        assert (aligned.batch_sizes >= plain.batch_sizes * 31 / 32).all()
+        ids, labels = aligned[0]
+        assert labels.shape[0] in aligned.batch_sizes and labels.size <= 4000
+    with pytest.raises(ValueError, match=r"`token_alignment` must be an integer >= 1. Received: token_alignment=0"):
+        TokenBatches(pairs, 512, token_alignment=0)
 
 
 def test_shards_of_a_batch_make_up_the_batch(pairs):

@@ -41,6 +41,26 @@ def bucket_lengths(max_length, min_length=8, step=1.1):
     return lengths + [max_length]
 
 
+# XLA on a GPU pads the operands of a product over the tokens to a multiple
+# of 64 rows when they are not, a copy of each (in a base-size step on an
+# H200 at [462, 54], ten gigabytes of pads).
+TOKEN_ALIGNMENT = 64
+
+
+def aligned_rows(rows, length, alignment=TOKEN_ALIGNMENT):
+    """The most rows up to `rows` whose `rows * length` tokens are a multiple
+    of the largest power of two up to `alignment` that costs at most 1/32 of
+    the rows; `rows` itself where none does."""
+    multiple = alignment
+    while multiple > 1:
+        step = multiple // np.gcd(multiple, length)  # rows * length % multiple == 0 iff rows % step == 0
+        fewer = rows // step * step
+        if fewer and rows - fewer <= rows / 32:
+            return int(fewer)
+        multiple //= 2
+    return int(rows)
+
+
 def fitted_bucket_lengths(histogram, count):
     """At most `count` padded lengths that pad the pairs of `histogram` least.
 
@@ -84,7 +104,9 @@ class TokenBatches(keras.utils.PyDataset):
     shifted right), and the labels are target + EOS. A batch of bucket
     length L holds `tokens_per_batch // L` pairs, each side padded with 0 to
     L tokens, so padded source (or target) ids never exceed
-    `tokens_per_batch`. The last batch of a bucket in an epoch is filled up
+    `tokens_per_batch`; a few pairs fewer where that makes the batch's
+    tokens a multiple of 64 (`aligned_rows`), which products on GPUs take
+    without padding them. The last batch of a bucket in an epoch is filled up
     with rows of padding, which the loss and the metrics ignore, so every
     batch of a bucket has one shape: XLA and `jax.jit` compile one program
     per bucket length. Pairs longer than `max_length` are left out, with a
@@ -102,6 +124,9 @@ class TokenBatches(keras.utils.PyDataset):
             generator (which `keras.utils.set_random_seed` seeds).
         batch_multiple: full batches hold a multiple of this many pairs,
             such as the number of data-parallel replicas.
+        token_alignment: each replica's share of a full batch is lowered
+            by at most 1/32 to make its tokens a multiple of a power of two
+            up to this (`aligned_rows`); 1 keeps `tokens_per_batch // L`.
         bucket_step: each bucket length is about this factor longer than
             the one before; coarser steps give fewer shapes, more padding.
         buckets: at most this many bucket lengths, placed where the pairs'
@@ -126,6 +151,7 @@ class TokenBatches(keras.utils.PyDataset):
         repeat=False,
         seed=None,
         batch_multiple=1,
+        token_alignment=TOKEN_ALIGNMENT,
         bucket_step=1.1,
         buckets=None,
         shard=(0, 1),
@@ -138,6 +164,7 @@ class TokenBatches(keras.utils.PyDataset):
             ("max_length", max_length, 2),  # at least one token and EOS
             ("tokens_per_batch", tokens_per_batch, 1),
             ("batch_multiple", batch_multiple, 1),
+            ("token_alignment", token_alignment, 1),
         ):
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
                 raise ValueError(f"`{name}` must be an integer >= {least}. Received: {name}={value!r}")
@@ -177,7 +204,10 @@ class TokenBatches(keras.utils.PyDataset):
             fitted = fitted_bucket_lengths(histogram, buckets) if histogram.any() else [max_length]
             self.lengths = np.array(fitted, np.int64)
         self.batch_sizes = np.array(
-            [max(batch_multiple, tokens_per_batch // n // batch_multiple * batch_multiple) for n in self.lengths]
+            [
+                batch_multiple * max(1, aligned_rows(tokens_per_batch // n // batch_multiple, n, token_alignment))
+                for n in self.lengths
+            ]
         )
         self._bucket, self.pairs_per_bucket, too_long, shortest = _buckets(pairs, self.lengths)
         if too_long == len(pairs):

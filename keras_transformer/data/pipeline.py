@@ -4,6 +4,7 @@ import itertools
 
 import numpy as np
 
+from keras_transformer.data.batches import TOKEN_ALIGNMENT
 from keras_transformer.data.batches import TokenBatches
 from keras_transformer.data.batches import bucket_lengths  # noqa: F401 (re-exported)
 from keras_transformer.data.prepared import tokenize_pairs
@@ -20,6 +21,7 @@ def make_dataset(
     batch_multiple=1,
     bucket_step=1.1,
     buckets=None,
+    token_alignment=TOKEN_ALIGNMENT,
 ):
     """Batches of sentence pairs sized by token count, for `model.fit`.
 
@@ -46,6 +48,9 @@ def make_dataset(
             steps, such as 1.3, give fewer shapes and more padding.
         buckets: at most this many bucket lengths, fitted to the corpus's
             lengths for the least padding; replaces `bucket_step`.
+        token_alignment: a full batch holds up to 1/32 fewer pairs to make
+            its tokens a multiple of a power of two up to this (64: what
+            XLA pads products to on a GPU); 1 turns that off.
 
     Returns:
         A `TokenBatches` (a `keras.utils.PyDataset`) of
@@ -64,6 +69,7 @@ def make_dataset(
         batch_multiple=batch_multiple,
         bucket_step=bucket_step,
         buckets=buckets,
+        token_alignment=token_alignment,
     )
 
 
