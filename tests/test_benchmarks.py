@@ -257,3 +257,22 @@ def test_compile_time_reports_each_setting_and_length_from_its_own_process(paral
         assert len(lengths) == 2 and lengths == sorted(lengths)  # both buckets, shortest first
         assert all(row["first_fit_seconds"] > row["step_seconds"] > 0 for row in setting["lengths"])
     assert "first fits" in result.stdout and "x its speed" in result.stdout
+
+
+def test_batch_shapes_times_plain_and_aligned_rows_of_each_length(tmp_path):
+    out = tmp_path / "shapes.json"
+    result = subprocess.run(
+        [sys.executable, os.path.join(BENCHMARKS, "batch_shapes.py"), "--size", "tiny", "--lengths", "22",
+         "--tokens-per-batch", "2000", "--steps", "8", "--rounds", "1", "--out", str(out)],
+        env=dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3"),
+        capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    rows = json.loads(out.read_text())["lengths"]
+    assert [row["length"] for row in rows] == [22]
+    for row in rows:
+        plain, aligned = row["plain"], row["aligned"]
+        assert plain["rows"] == 2000 // row["length"] and aligned["rows"] < plain["rows"]
+        assert aligned["tokens"] % 8 == 0 and plain["tokens"] % 8
+        assert all(side["first_fit_seconds"] > side["step_seconds"] > 0 for side in (plain, aligned))
+    assert "aligned / plain" in result.stdout
