@@ -519,10 +519,10 @@ def optional_import(name):
         return None, f"{name} does not import: {type(error).__name__}: {error}"
 
 
-def our_model(size, dtype=None):
+def our_model(size, dtype=None, dropout=DROPOUT):
     """`build_transformer` at `size`, as every contender is: d_ff = 4 * d_model."""
     architecture = {key: size[key] for key in ("vocabulary_size", "num_layers", "d_model", "num_heads")}
-    return build_transformer("base", **architecture, d_ff=4 * size["d_model"], dropout=DROPOUT, dtype=dtype)
+    return build_transformer("base", **architecture, d_ff=4 * size["d_model"], dropout=dropout, dtype=dtype)
 
 
 def random_data(size, steps, seed=0):

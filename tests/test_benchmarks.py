@@ -263,13 +263,14 @@ def test_batch_shapes_times_plain_and_aligned_rows_of_each_length(tmp_path):
     out = tmp_path / "shapes.json"
     result = subprocess.run(
         [sys.executable, os.path.join(BENCHMARKS, "batch_shapes.py"), "--size", "tiny", "--lengths", "22",
-         "--tokens-per-batch", "2000", "--steps", "8", "--rounds", "1", "--out", str(out)],
+         "--tokens-per-batch", "2000", "--steps", "8", "--rounds", "1", "--dropout", "0", "--out", str(out)],
         env=dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3"),
         capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    rows = json.loads(out.read_text())["lengths"]
-    assert [row["length"] for row in rows] == [22]
+    report = json.loads(out.read_text())
+    rows = report["lengths"]
+    assert [row["length"] for row in rows] == [22] and report["dropout"] == 0
     for row in rows:
         plain, aligned = row["plain"], row["aligned"]
         assert plain["rows"] == 2000 // row["length"] and aligned["rows"] < plain["rows"]
