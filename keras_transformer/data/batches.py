@@ -51,7 +51,7 @@ def aligned_rows(rows, length, alignment=TOKEN_ALIGNMENT):
     """The most rows up to `rows` whose `rows * length` tokens are a multiple
     of the largest power of two up to `alignment` that costs at most 1/32 of
     the rows; `rows` itself where none does."""
-    multiple = alignment
+    multiple = 1 << (int(alignment).bit_length() - 1)  # the largest power of two up to it
     while multiple > 1:
         step = multiple // np.gcd(multiple, length)  # rows * length % multiple == 0 iff rows % step == 0
         fewer = rows // step * step
