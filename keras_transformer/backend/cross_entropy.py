@@ -36,8 +36,18 @@ from keras import ops
 # no float32 copy of the [B, T, V] logits for these two.
 def label_logit(labels, logits):
     """z_label per token, float32 `[B, T]`."""
+    if keras.backend.backend() == "torch" and _torch_tensors(labels, logits):
+        # One gather: Keras's `take_along_axis` first wraps negative labels,
+        # four more operations for the host to launch in a torch step.
+        return logits.gather(-1, labels.long().unsqueeze(-1)).squeeze(-1).float()
     picked = ops.take_along_axis(logits, ops.cast(labels, "int32")[..., None], axis=-1)[..., 0]
     return ops.cast(picked, "float32")
+
+
+def _torch_tensors(*tensors):
+    import torch
+
+    return all(type(tensor) is torch.Tensor for tensor in tensors)
 
 
 def largest_logit(logits):
