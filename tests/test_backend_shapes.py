@@ -64,3 +64,17 @@ def test_cache_writes_equal_keras_slice_update_and_leave_the_input(decoding):
         np.testing.assert_array_equal(to_numpy(written), expected)
         np.testing.assert_array_equal(to_numpy(given), inputs)
         assert not np.array_equal(expected, inputs)
+
+
+@pytest.mark.parametrize("decoding", [False, True])
+def test_slices_equal_keras_slice(decoding):
+    """`shapes.slice`, which reads a decoding step's ids and position
+    encodings, gives Keras's `slice` on every backend, at int and tensor
+    starts, in a decoding call or not."""
+    x = np.arange(4 * 6 * 3, dtype="float32").reshape(4, 6, 3)
+    two, one = (keras.ops.convert_to_tensor(i, "int32") for i in (2, 1))
+    for starts, shape in (([0, two, 0], [4, 1, 3]), ([1, 3, one], [2, 3, 2]), ([two, 0, 0], [2, 6, 3])):
+        expected = to_numpy(keras.ops.slice(x, starts, shape))
+        with state.decoding_call(direct=True) if decoding else contextlib.nullcontext():
+            got = shapes.slice(keras.ops.convert_to_tensor(x), starts, shape)
+        np.testing.assert_array_equal(to_numpy(got), expected)

@@ -62,6 +62,46 @@ def test_the_compiled_search_equals_the_search_through_keras_layer_calls(model, 
         assert translator._search.loops.count == 2 * phases
 
 
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="counts the values torch's eager search reads back to the host; TensorFlow and JAX compile the whole loop")
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_a_torch_search_reads_one_value_back_a_step(model, beam_size):
+    """On a GPU, each tensor value read back to the host (`.item()`, a
+    tensor start of a slice) waits for all the work queued before it, and
+    the host cannot run ahead. A torch search reads only its loop's
+    condition, once a step: the traced step reads its position, ids and
+    cache writes where they are (it read a dozen values a step)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Reads(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.count += func is torch.ops.aten._local_scalar_dense.default
+            return func(*args, **(kwargs or {}))
+
+    import torch
+
+    source_ids = np.array([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]], "int32")
+    reads = {}
+    for steps in (8, 16):
+        search = CompiledFunction(
+            lambda source, limits: search_translations(
+                model, source, limits, beam_size=beam_size, alpha=0.6, max_extra_length=steps, bos_id=2, eos_id=-1  # no EOS: every step runs
+            ),
+            model, [2, 1],
+        )  # fmt: skip
+        limits = np.full((2,), 5 + steps, "int32")
+        search(source_ids, limits)  # traces
+        with Reads() as counted:
+            ids = to_numpy(search(source_ids, limits)[0])
+        assert search.loops.count > 0 and np.count_nonzero(ids[:, 0] > 0, axis=1).min() >= steps
+        # One read a step, and one ending each loop: one loop per phase of
+        # the growing caches.
+        phases = len(kt.decoding.cache_lengths(5 + steps) or [5 + steps])
+        reads[steps] = counted.count - steps - phases
+    assert reads[16] == reads[8], reads  # the rest: a few reads outside the loops
+
+
 def test_a_mixed_precision_model_decodes_through_keras_layer_calls():
     """Under mixed precision the layers need `Layer.__call__`'s dtype scope,
     so `CompiledFunction` must not call them directly (under torch, doing so

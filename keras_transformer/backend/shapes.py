@@ -8,11 +8,16 @@ on an H100 (our attention layers reshape every projection's input and
 output). `reshape` is `torch.reshape` for an eager torch tensor, and
 `shape` its sizes.
 
-`slice_update` writes a decoding step's keys and values into the cache.
-Keras's torch `slice_update` at a tensor position builds a grid of indices
-over the whole update and scatters it; while decoding under torch this
-copies the cache and writes the update into a narrowed view of the copy,
-the same result.
+`slice_update` writes a decoding step's keys and values into the cache,
+and `slice` reads a step's ids and position encodings. Keras's torch
+`slice_update` at a tensor position builds a grid of indices over the whole
+update and scatters it, and its `slice` reads each start back to the host
+to narrow the input: on a GPU every such read waits for all the work queued
+before it, a dozen times a decoding step, so that the host cannot run ahead
+of the GPU. While decoding under torch, `slice_update` copies the cache and
+writes the update into a block of the copy, and both take a tensor start
+where it is, on the device, as an index (`index_copy_`, `index_select`);
+the same results.
 """
 
 import keras
@@ -56,12 +61,48 @@ def slice_update(inputs, start_indices, updates):
             and all(_is_start(start) for start in start_indices)
         ):
             outputs = inputs.clone()
-            block = outputs
+            block, positions = outputs, None
             for dim, (start, length) in enumerate(zip(start_indices, updates.shape)):
-                block = block.narrow(dim, start, length)
-            block.copy_(updates)
+                if positions is None and not isinstance(start, int):
+                    positions = dim, _positions(start, length, inputs.device)
+                else:
+                    block = block.narrow(dim, start, length)
+            if positions is None:
+                block.copy_(updates)
+            else:
+                block.index_copy_(*positions, updates)
             return outputs
     return ops.slice_update(inputs, start_indices, updates)
+
+
+def slice(inputs, start_indices, shape):  # noqa: A001 - keras.ops.slice's name
+    """`keras.ops.slice(inputs, start_indices, shape)`."""
+    if state.decoding() and keras.backend.backend() == "torch":
+        import torch
+
+        if (
+            type(inputs) is torch.Tensor
+            and len(start_indices) == len(shape) == inputs.ndim
+            and all(_is_start(start) for start in start_indices)
+            and all(_is_start(length) for length in shape)
+        ):
+            outputs = inputs
+            # A length is a size (an int, or a tracer's record of one).
+            for dim, (start, length) in enumerate(zip(start_indices, map(int, shape))):
+                if isinstance(start, int):
+                    outputs = outputs.narrow(dim, start, length)
+                else:
+                    outputs = outputs.index_select(dim, _positions(start, length, inputs.device))
+            return outputs
+    return ops.slice(inputs, start_indices, shape)
+
+
+def _positions(start, length, device):
+    """`start .. start + length - 1` for a tensor `start`, on `device`,
+    without reading `start` back to the host."""
+    import torch
+
+    return start.to(device=device, dtype=torch.int64).reshape(1) + torch.arange(length, device=device)
 
 
 def _is_start(start):

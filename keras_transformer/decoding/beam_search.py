@@ -218,7 +218,7 @@ def beam_search(
         candidate_log_probs = ops.reshape(
             offsets[:, :, None]
             + ops.reshape(logits, (batch_size, beam_size, vocabulary_size)),
-            (batch_size, beam_size * vocabulary_size),
+            (batch_size, -1),  # [B, K * V]
         )
         top_log_probs, top_indices = top_k(candidate_log_probs, 2 * beam_size)
         top_beams = top_indices // vocabulary_size  # [B, 2K]

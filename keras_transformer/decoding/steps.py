@@ -9,6 +9,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_transformer.backend import shapes
 from keras_transformer.backend import state
 from keras_transformer.decoding.beam_search import beam_search
 from keras_transformer.decoding.beam_search import greedy_search
@@ -50,7 +51,7 @@ def cached_step_function(model, source_ids, max_length, cache_length=None):
     position_table = model.target_position_table(max_length)
 
     def step_fn(ids, index, self_attention_cache):
-        target_ids = ops.slice(ids, [0, index], [ops.shape(ids)[0], 1])
+        target_ids = shapes.slice(ids, [0, index], [shapes.shape(ids)[0], 1])
         logits, updated = model.decode_step(
             target_ids,
             [

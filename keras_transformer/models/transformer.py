@@ -6,6 +6,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_transformer.backend import shapes
 from keras_transformer.backend import state
 from keras_transformer.checks import TokenIdCheck
 from keras_transformer.checks import check_model_inputs
@@ -229,7 +230,7 @@ class Transformer(CheckedData, keras.Model):
         if position_table is None:
             return x + self.target_position_encoding(x, start_index=start_index)
         length = ops.shape(target_ids)[1]
-        return x + ops.slice(position_table, [start_index, 0], [length, self.d_model])[None]
+        return x + shapes.slice(position_table, [start_index, 0], [length, self.d_model])[None]
 
     def target_position_table(self, max_length):
         """The target position encodings of positions `0 .. max_length - 1`,
