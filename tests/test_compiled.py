@@ -70,6 +70,7 @@ def test_a_torch_search_reads_one_value_back_a_step(model, beam_size):
     the host cannot run ahead. A torch search reads only its loop's
     condition, once a step: the traced step reads its position, ids and
     cache writes where they are (it read a dozen values a step)."""
+    import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Reads(TorchDispatchMode):
@@ -78,8 +79,6 @@ def test_a_torch_search_reads_one_value_back_a_step(model, beam_size):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             self.count += func is torch.ops.aten._local_scalar_dense.default
             return func(*args, **(kwargs or {}))
-
-    import torch
 
     source_ids = np.array([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]], "int32")
     reads = {}
