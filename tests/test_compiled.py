@@ -62,7 +62,7 @@ def test_the_compiled_search_equals_the_search_through_keras_layer_calls(model, 
         assert translator._search.loops.count == 2 * phases
 
 
-@pytest.mark.skipif(keras.backend.backend() != "torch", reason="counts the values torch's eager search reads back to the host; TensorFlow and JAX compile the whole loop")
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="counts what torch's step-by-step search reads back to the host; under TensorFlow and JAX the search is one compiled loop, which reads nothing back between steps")
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_a_torch_search_reads_one_value_back_a_step(model, beam_size):
     """On a GPU, each tensor value read back to the host (`.item()`, a

@@ -58,7 +58,7 @@ def slice_update(inputs, start_indices, updates):
             type(inputs) is torch.Tensor
             and type(updates) is torch.Tensor
             and len(start_indices) == inputs.ndim == updates.ndim
-            and all(_is_start(start) for start in start_indices)
+            and all(_is_integer(start) for start in start_indices)
         ):
             outputs = inputs.clone()
             block, positions = outputs, None
@@ -83,8 +83,8 @@ def slice(inputs, start_indices, shape):  # noqa: A001 - keras.ops.slice's name
         if (
             type(inputs) is torch.Tensor
             and len(start_indices) == len(shape) == inputs.ndim
-            and all(_is_start(start) for start in start_indices)
-            and all(_is_start(length) for length in shape)
+            and all(_is_integer(start) for start in start_indices)
+            and all(_is_integer(length) for length in shape)
         ):
             outputs = inputs
             # A length is a size (an int, or a tracer's record of one).
@@ -105,9 +105,10 @@ def _positions(start, length, device):
     return start.to(device=device, dtype=torch.int64).reshape(1) + torch.arange(length, device=device)
 
 
-def _is_start(start):
+def _is_integer(value):
+    """Whether `value` is an int or a 0-d integer tensor: a start or a length."""
     import torch
 
-    if isinstance(start, int):
+    if isinstance(value, int):
         return True
-    return isinstance(start, torch.Tensor) and start.ndim == 0 and not start.is_floating_point()
+    return isinstance(value, torch.Tensor) and value.ndim == 0 and not value.is_floating_point()
