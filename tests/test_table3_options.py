@@ -208,6 +208,7 @@ def test_a_head_size_frees_d_model_from_dividing_by_the_heads(batch):
     assert tuple(model(batch).shape) == (3, 8, V)
 
 
+@in_one_pass("torch", "parameter counts, from our layers' variable shapes; four base models take JAX tens of seconds")
 def test_the_guide_example_prints_what_it_shows(capsys):
     import pathlib
     import re
