@@ -93,6 +93,24 @@ def in_one_pass(backend, why):
     )
 
 
+def torch_operations():
+    """A context whose `operations` lists each torch operation (an
+    `aten` overload) dispatched inside it, in order: under torch each is a
+    kernel launch, or, for `_local_scalar_dense`, a read back to the host."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Operations(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.operations = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.operations.append(func)
+            return func(*args, **(kwargs or {}))
+
+    return Operations()
+
+
 def assert_cached_decoding_matches(model, batch):
     """Decoding `batch`'s targets one position at a time from the cache
     gives the logits of the full forward pass at every position."""

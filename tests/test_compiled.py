@@ -5,7 +5,7 @@ import itertools
 import keras
 import numpy as np
 import pytest
-from conftest import to_numpy
+from conftest import to_numpy, torch_operations
 from translation_fixtures import SENTENCES
 from translation_fixtures import model  # noqa: F401 (a fixture)
 from translation_fixtures import tokenizer  # noqa: F401 (a fixture)
@@ -71,14 +71,6 @@ def test_a_torch_search_reads_one_value_back_a_step(model, beam_size):
     condition, once a step: the traced step reads its position, ids and
     cache writes where they are (it read a dozen values a step)."""
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Reads(TorchDispatchMode):
-        count = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.count += func is torch.ops.aten._local_scalar_dense.default
-            return func(*args, **(kwargs or {}))
 
     source_ids = np.array([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]], "int32")
     reads = {}
@@ -91,13 +83,13 @@ def test_a_torch_search_reads_one_value_back_a_step(model, beam_size):
         )  # fmt: skip
         limits = np.full((2,), 5 + steps, "int32")
         search(source_ids, limits)  # traces
-        with Reads() as counted:
+        with torch_operations() as dispatched:
             ids = to_numpy(search(source_ids, limits)[0])
         assert search.loops.count > 0 and np.count_nonzero(ids[:, 0] > 0, axis=1).min() >= steps
         # One read a step, and one ending each loop: one loop per phase of
         # the growing caches.
         phases = len(kt.decoding.cache_lengths(5 + steps) or [5 + steps])
-        reads[steps] = counted.count - steps - phases
+        reads[steps] = dispatched.operations.count(torch.ops.aten._local_scalar_dense.default) - steps - phases
     assert reads[16] == reads[8], reads  # the rest: a few reads outside the loops
 
 
