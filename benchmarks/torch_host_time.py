@@ -89,12 +89,12 @@ def main():
     contenders = [ours, theirs]
     for contender in contenders:
         contender.train(2)  # builds, and takes the first calls' costs
+    # A step's operations and calls: a turn of 2 steps less one of 1, which
+    # cancels what a turn (ours: a `fit`) does once.
     operations = {
-        "ours": dispatched_operations(lambda: model.train_on_batch(*batches[0])),
-        "torch": dispatched_operations(lambda: theirs.train(1)),
+        contender.name: dispatched_operations(lambda: contender.train(2)) - dispatched_operations(lambda: contender.train(1))
+        for contender in contenders
     }
-    # A step's calls: a turn of 2 steps less one of 1, which cancels what a
-    # turn (ours: a `fit`) does once.
     calls = {
         contender.name: function_calls(lambda: contender.train(2)) - function_calls(lambda: contender.train(1))
         for contender in contenders

@@ -174,3 +174,106 @@ def test_a_variable_read_directly_is_the_tensor_keras_s_read_gives():
         assert keras.ops.convert_to_numpy(stateless[0][0])[0, 0] == 7.0
         if keras.backend.backend() == "torch" and dtype == "float32":
             assert reads[0][0] is layer.kernel.value  # the parameter itself, which gradients reach
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="the train step that casts the weights all at once is torch's; XLA fuses each cast into its product")
+def test_a_mixed_precision_torch_step_casts_its_weights_all_at_once(monkeypatch):
+    """A mixed_bfloat16 torch step casts its float32 weights to bfloat16
+    with one operation, and their gradients back with another, where
+    Keras's reads cast each weight, and autograd each gradient, one
+    operation at a time."""
+    import torch
+
+    from conftest import torch_operations
+    from keras_transformer.backend import keras_private
+    from keras_transformer.backend import step_casts
+
+    def casts(all_at_once):
+        keras.utils.set_random_seed(3)
+        model = kt.build_transformer("tiny", vocabulary_size=V, num_layers=1, dtype="mixed_bfloat16")
+        training.compile_model(model, warmup_steps=2)
+        x, y = batch()
+        with monkeypatch.context() as patch:
+            if not all_at_once:
+                patch.setattr(step_casts, "step_casts", lambda *args: None)
+            model.train_on_batch(x, y)  # builds the optimizer
+            with torch_operations() as step:
+                model.train_on_batch(x, y)
+        names = [operation.__name__ for operation in step.operations]
+        return names.count("_to_copy.default"), names.count("_foreach_copy_.default"), model
+
+    one_by_one, no_foreach, _ = casts(False)
+    all_at_once, foreach, model = casts(True)
+    copied = [
+        variable
+        for variable in model.trainable_weights
+        if keras_private.autocasts(variable) and variable.value.dtype == torch.float32
+    ]
+    assert len(copied) > 10 and no_foreach == 0 and foreach == 2
+    # Each copied weight is read once a step: a cast forward, one backward.
+    assert one_by_one - all_at_once == 2 * len(copied), (one_by_one, all_at_once, len(copied))
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="the weights' copies are the torch step's")
+def test_a_weight_read_both_as_a_copy_and_by_keras_gets_both_gradients():
+    """A step's layers read a weight's compute-dtype copy through
+    `keras_private.torch_value`; a read through Keras's own property still
+    casts the float32 weight. The gradient the optimizer gets is the sum
+    of both reads', in float32; a read after the step is a cast again."""
+    import torch
+
+    from keras_transformer.backend import keras_private
+    from keras_transformer.backend import step_casts
+
+    layer = keras.layers.Dense(3, dtype="mixed_bfloat16")
+    layer.build((None, 2))
+    kernel = layer.kernel
+    parameter = kernel.value
+    casts = step_casts.StepCasts([kernel, layer.bias], [parameter, layer.bias.value], "bfloat16")
+    assert casts.indices == [0, 1]
+    kernel.assign(np.full((2, 3), 1.5))  # the copies are filled when a step reads
+    with casts.reading(), keras_private.outermost_autocast(layer):
+        ours = keras_private.torch_value(kernel)
+        keras_s = kernel.value
+        assert ours is casts.copies[0] and keras_s is not ours
+        assert ours.dtype == keras_s.dtype == torch.bfloat16
+        np.testing.assert_array_equal(ours.detach().float().numpy(), np.full((2, 3), 1.5))
+        loss = 2.0 * ours.float().sum() + 3.0 * keras_s.float().sum()
+    gradients = casts.gradients(loss, [parameter, layer.bias.value])
+    assert gradients[0].dtype == torch.float32
+    np.testing.assert_array_equal(gradients[0].numpy(), np.full((2, 3), 5.0))
+    assert gradients[1] is None  # the unread bias
+    with keras_private.outermost_autocast(layer):
+        assert keras_private.torch_value(kernel) is not casts.copies[0]
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="the memo is the torch step's; TensorFlow and JAX trace a step once")
+def test_a_torch_step_derives_each_stack_s_attention_mask_once(monkeypatch):
+    """In a torch train step, the attention layers of a stack get the same
+    masks and derive their merged, additive and no-key masks from them once
+    per forward pass, not once a layer: the same weights after the step."""
+    import contextlib
+
+    from conftest import torch_operations
+
+    def step(memo):
+        keras.utils.set_random_seed(3)
+        model = kt.build_transformer("tiny", vocabulary_size=V, num_layers=3, dropout=0.0)
+        training.compile_model(model, warmup_steps=2)
+        x, y = batch()
+        with monkeypatch.context() as patch:
+            if not memo:
+                patch.setattr(state, "forward_memo", contextlib.nullcontext)
+            with torch_operations() as operations:
+                model.train_on_batch(x, y)
+        names = [operation.__name__ for operation in operations.operations]
+        return names.count("any.dim"), model.get_weights()
+
+    once, weights = step(True)
+    per_layer, per_layer_weights = step(False)
+    # Nine attention layers, three masks (the encoder's self-attention, the
+    # decoder's, the cross-attention): one `any` a derivation, 9 -> 3.
+    assert per_layer - once == 9 - 3, (once, per_layer)
+    for got, want in zip(weights, per_layer_weights):
+        np.testing.assert_array_equal(got, want)
+    assert state.memoized("kind", (1,), lambda: []) is not state.memoized("kind", (1,), lambda: [])  # no memo outside a step

@@ -55,7 +55,7 @@ def dot_product_attention(query, key, value, mask, scale):
             query.transpose(1, 2),  # [B, N, T, H] views of [B, T, N, H]
             key.transpose(1, 2),
             value.transpose(1, 2),
-            None if mask is None else mask[:, None],
+            mask,
             scale,
         )
         return attended.transpose(1, 2)
@@ -81,7 +81,10 @@ def zero_where_no_key(attended, mask):
         import torch
 
         if type(attended) is torch.Tensor and type(mask) is torch.Tensor:
-            return attended * mask.any(-1)[:, :, None, None].to(attended.dtype)
+            attends = state.memoized(
+                ("attends", attended.dtype), (mask,), lambda: mask.any(-1)[:, :, None, None].to(attended.dtype)
+            )
+            return attended * attends
     attends = ops.any(mask, axis=-1)[:, :, None, None]  # [B, T, 1, 1]
     return attended * ops.cast(attends, attended.dtype)
 
@@ -171,7 +174,7 @@ def attend_to_cache(query, key, value, mask, scale):
         query.transpose(1, 2),  # [B, N, T, H]
         key,
         value,
-        None if mask is None else mask[:, None],  # [B or 1, 1, T, S]
+        mask,
         scale,
     )
     return attended.transpose(1, 2)  # [B, T, N, H]
@@ -190,14 +193,23 @@ def _fits_torch(query, key, value, mask, heads_axis=2):
 
 def _torch_attention(query, key, value, mask, scale):
     """torch's fused attention of `[B, N, T, H]` queries and `[B, N, S, H]`
-    keys and values, the boolean mask made additive with Keras's stand-in
-    for -inf (-0.7 times the dtype's largest finite value)."""
+    keys and values, the boolean mask `[B or 1, T, S]` made additive with
+    Keras's stand-in for -inf (-0.7 times the dtype's largest finite
+    value), once per forward pass for the layers of a stack."""
     import torch
 
     if mask is not None:
-        negative_key = (query.dtype, query.device)
-        if negative_key not in _large_negatives:
-            largest = 65500.0 if query.dtype == torch.float16 else 3.38953e38
-            _large_negatives[negative_key] = torch.tensor(largest * -0.7, dtype=query.dtype, device=query.device)
-        mask = torch.where(mask, 0.0, _large_negatives[negative_key])
+        mask = state.memoized(("additive", query.dtype, query.device), (mask,), lambda: _additive(mask, query))
     return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
+
+
+def _additive(mask, query):
+    """The boolean `mask` as 0 (attend) or -0.7 times the largest value of
+    `query`'s dtype (not)."""
+    import torch
+
+    negative_key = (query.dtype, query.device)
+    if negative_key not in _large_negatives:
+        largest = 65500.0 if query.dtype == torch.float16 else 3.38953e38
+        _large_negatives[negative_key] = torch.tensor(largest * -0.7, dtype=query.dtype, device=query.device)
+    return torch.where(mask[:, None], 0.0, _large_negatives[negative_key])  # [B or 1, 1, T, S]

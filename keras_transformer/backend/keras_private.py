@@ -3,6 +3,8 @@ that Keras 3 lacks. `pyproject.toml` bounds Keras to the versions tested."""
 
 import functools
 
+from keras_transformer.backend import state
+
 
 def in_symbolic_scope():
     """Whether Keras is running a model on placeholders to infer its output
@@ -55,7 +57,16 @@ def torch_value(variable):
     if scope is None or scope.dtype is None or not variable._autocast or not value.is_floating_point():
         return value
     dtype = _torch_dtype(scope.dtype)
-    return value if value.dtype == dtype else value.to(dtype)
+    if value.dtype == dtype:
+        return value
+    copy = state.cast_weight(variable)  # a train step's cast, made for all weights at once
+    return copy if copy is not None and copy.dtype == dtype else value.to(dtype)
+
+
+def autocasts(variable):
+    """Whether `variable` is cast to a mixed-precision layer's compute dtype
+    when read (`Variable.autocast` is the constructor's argument only)."""
+    return bool(variable._autocast)
 
 
 def _open_scope(name):
@@ -86,6 +97,19 @@ def _torch_dtype(name):
     import torch
 
     return getattr(torch, name)
+
+
+def outermost_autocast(layer):
+    """The dtype scope that `Layer.__call__` opens around `layer`'s call
+    where no call is open: casting float variables to the compute dtype of
+    a mixed-precision `layer`. Keras does not export `AutocastScope`."""
+    import contextlib
+
+    from keras.src.backend.common.variables import AutocastScope
+
+    if layer.compute_dtype == layer.variable_dtype:
+        return contextlib.nullcontext()
+    return AutocastScope(layer.compute_dtype)
 
 
 def sublayers(model):

@@ -146,7 +146,15 @@ def as_matrices(x, kernel, contracted):
         return None
     depth = kernel.shape[:contracted].numel()
     shape = x.shape[: x.ndim - contracted] + kernel.shape[contracted:]
-    return x.reshape(-1, depth), kernel.reshape(depth, -1), shape
+    rows = x if x.ndim == 2 and contracted == 1 else x.reshape(-1, depth)
+    matrix = kernel if kernel.ndim == 2 and contracted == 1 else kernel.reshape(depth, -1)
+    return rows, matrix, shape
+
+
+def _shaped(product, shape):
+    """`product` as `shape`: a torch view only where the shapes differ
+    (each view is one more operation, forward and backward, for the host)."""
+    return product if product.shape == shape else product.reshape(shape)
 
 
 @functools.cache
@@ -191,11 +199,11 @@ def _product(x, kernel, contracted):
     if not pays(x, kernel):
         # One 2-D product: Keras's einsum costs the host several torch
         # operations and its dtype rules, on a GPU longer than the product.
-        return torch.matmul(x, kernel).reshape(shape)
+        return _shaped(torch.matmul(x, kernel), shape)
     try:
         if torch.is_grad_enabled() and (x.requires_grad or kernel.requires_grad):
-            return _product_with_gradients().apply(x, kernel).reshape(shape)
-        return _linear()(x, kernel.t()).reshape(shape)
+            return _shaped(_product_with_gradients().apply(x, kernel), shape)
+        return _shaped(_linear()(x, kernel.t()), shape)
     except RuntimeError:  # shapes or strides this build of oneDNN refuses: Keras's product
         return None
 
@@ -218,7 +226,7 @@ def matmul(x, kernel):
             matrices = as_matrices(x, kernel, 1)
             if matrices is not None:
                 rows, matrix, shape = matrices
-                return matrix_product(rows, matrix).reshape(shape)
+                return _shaped(matrix_product(rows, matrix), shape)
         else:
             product = _product(x, kernel, 1)
             if product is not None:
@@ -236,7 +244,7 @@ def einsum(equation, x, kernel):
                 matrices = as_matrices(x, kernel, contracted)
                 if matrices is not None:
                     rows, matrix, shape = matrices
-                    return matrix_product(rows, matrix).reshape(shape)
+                    return _shaped(matrix_product(rows, matrix), shape)
             else:
                 product = _product(x, kernel, contracted)
                 if product is not None:

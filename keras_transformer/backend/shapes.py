@@ -23,6 +23,7 @@ the same results.
 import keras
 from keras import ops
 
+from keras_transformer.backend import keras_private
 from keras_transformer.backend import state
 
 
@@ -43,7 +44,7 @@ def reshape(x, shape):
         import torch
 
         if isinstance(x, keras.Variable):
-            x = x.value
+            x = keras_private.torch_value(x)  # a step's cast copy, if it made one
         if isinstance(x, torch.Tensor):
             return torch.reshape(x, shape)
     return ops.reshape(x, shape)

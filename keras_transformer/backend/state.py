@@ -12,7 +12,13 @@ function it runs. Our layers and searches read it to choose how to compute:
 - `compiled_by_xla()`: the function is being traced for XLA (JAX, or
   TensorFlow with `jit_compile`);
 - `float_int8()`: under TensorFlow without XLA, int8 products are computed
-  as float32 products of the int8 values (`backend.products`).
+  as float32 products of the int8 values (`backend.products`);
+- `cast_weight(variable)`: in a mixed-precision torch train step, the
+  compute-dtype copy of a float32 weight that the step made
+  (`backend.step_casts`), or None;
+- `memo()`: in a torch train step's forward pass, a dict in which the
+  attention layers keep the masks they derive from the model's, which are
+  the same for every layer of a stack (`memoized`); else None.
 
 Outside a decoding call every answer is False (or None), and our code runs
 Keras's own operations.
@@ -30,6 +36,8 @@ class _State(threading.local):
     loops = None
     xla = False
     float_int8 = False
+    cast_weights = None
+    memo = None
 
 
 _state = _State()
@@ -55,6 +63,44 @@ def _direct_calls():
         yield
     finally:
         _state.direct = outer
+
+
+@contextlib.contextmanager
+def cast_weights(copies):
+    """Within this block, on this thread, `cast_weight` gives the copies in
+    `copies`, by the id of their variable."""
+    outer = _state.cast_weights
+    _state.cast_weights = copies
+    try:
+        yield
+    finally:
+        _state.cast_weights = outer
+
+
+@contextlib.contextmanager
+def forward_memo():
+    """Within this block, on this thread, `memoized` computes each value once."""
+    outer = _state.memo
+    _state.memo = {}
+    try:
+        yield
+    finally:
+        _state.memo = outer
+
+
+def memoized(kind, inputs, make):
+    """`make()`, computed once per `kind` and identical `inputs` (ints by
+    value, the rest by identity) inside a `forward_memo`, which keeps
+    `inputs` alive so that no other object takes their ids; elsewhere
+    computed each time."""
+    memo = _state.memo
+    if memo is None:
+        return make()
+    key = (kind,) + tuple(("int", x) if type(x) is int else id(x) for x in inputs)
+    entry = memo.get(key)
+    if entry is None:
+        entry = memo[key] = (make(), inputs)
+    return entry[0]
 
 
 def direct_steps(compiled=False):
@@ -86,3 +132,8 @@ def compiled_by_xla():
 
 def float_int8():
     return _state.float_int8
+
+
+def cast_weight(variable):
+    copies = _state.cast_weights
+    return None if copies is None else copies.get(id(variable))

@@ -16,12 +16,22 @@ and the metrics' results come from the list `model.metrics` gave after the
 first step. Loss scaling, the optimizer's `apply` (clipping and all) and
 the metrics' updates are Keras's, as in its step; a model that overrides
 `compute_loss`, `compute_metrics` or `get_metrics_result` gets its own.
+
+The model itself is called without `Layer.__call__`, whose outermost call
+walks every layer to clear added losses, where none holds any; the
+attention layers of a stack derive their masks once (`state.memoized`);
+and a mixed-precision model reads its weights cast all at once
+(`backend/step_casts.py`).
 """
+
+import contextlib
 
 import keras
 
 from keras_transformer.backend import cross_entropy
 from keras_transformer.backend import keras_private
+from keras_transformer.backend import state
+from keras_transformer.backend import step_casts
 
 
 class Listed:
@@ -33,6 +43,7 @@ class Listed:
     def __init__(self, model, variables):
         self.variables = list(variables)
         self.parameters = [variable.value for variable in self.variables]
+        self.casts = step_casts.step_casts(model, self.variables, self.parameters)
         self.layers = keras_private.sublayers(model)
         self.regularized = any(variable.regularizer is not None for variable in self.variables)
         self.metrics = None  # after the first step, which builds the compiled metrics
@@ -47,7 +58,16 @@ def train_step(model, data, lists):
     """One step of `model` on `data`, updating the variables in `lists`,
     the `Listed` its fit made; returns the metrics' logs."""
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-    y_pred = model(x, training=True)
+    casts = lists.casts.reading() if lists.casts is not None else contextlib.nullcontext()
+    with casts, state.forward_memo():
+        if keras_private.holds_added_losses(lists.layers):
+            y_pred = model(x, training=True)  # whose outermost call clears them
+        else:
+            # `Layer.__call__`, as the outermost call, would walk every layer
+            # to clear losses that none holds; of the rest our layers need
+            # only its dtype scope (layers/calls.py).
+            with keras_private.outermost_autocast(model):
+                y_pred = model.call(x, training=True)
     with cross_entropy.shared_step(y_pred):
         return _step(model, lists, x, y, y_pred, sample_weight)
 
@@ -61,7 +81,10 @@ def _step(model, lists, x, y, y_pred, sample_weight):
     loss = model.optimizer.scale_loss(loss)
     # An unused variable (say, a frozen input's embedding) gets no gradient,
     # which the optimizer skips, as it skips Keras's None gradients.
-    gradients = torch.autograd.grad(loss, lists.parameters, allow_unused=True)
+    if lists.casts is not None:
+        gradients = lists.casts.gradients(loss, lists.parameters)
+    else:
+        gradients = torch.autograd.grad(loss, lists.parameters, allow_unused=True)
     with torch.no_grad():
         model.optimizer.apply(list(gradients), lists.variables)
     return _metrics(model, lists, x, y, y_pred, sample_weight)

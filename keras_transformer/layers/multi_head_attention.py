@@ -9,6 +9,7 @@ from keras_transformer.backend import attention
 from keras_transformer.backend import norms
 from keras_transformer.backend import products
 from keras_transformer.backend import shapes
+from keras_transformer.backend import state
 from keras_transformer.backend.shapes import reshape
 from keras_transformer.backend.shapes import slice_update
 from keras_transformer.layers.calls import DirectCalls
@@ -380,7 +381,27 @@ class MultiHeadAttention(DirectCalls, keras.layers.Layer):
         use_causal_mask,
         cache_update_index,
     ):
-        """Merges every mask into one boolean `[B or 1, T, S]`, or None."""
+        """Merges every mask into one boolean `[B or 1, T, S]`, or None:
+        once per forward pass for the layers of a stack, which get the same
+        masks (`state.memoized`)."""
+        arguments = (query_length, value_length, query_mask, value_mask, key_mask, attention_mask)
+        return state.memoized(
+            ("attention_mask", use_causal_mask, self.window),
+            arguments + (cache_update_index,),
+            lambda: self._merged_mask(*arguments, use_causal_mask, cache_update_index),
+        )
+
+    def _merged_mask(
+        self,
+        query_length,
+        value_length,
+        query_mask,
+        value_mask,
+        key_mask,
+        attention_mask,
+        use_causal_mask,
+        cache_update_index,
+    ):
         mask = None
 
         def merge(new):
