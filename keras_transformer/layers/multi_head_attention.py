@@ -296,7 +296,7 @@ class MultiHeadAttention(DirectCalls, keras.layers.Layer):
             cache = (key_heads, value_heads)
         heads_major = cache is not None
 
-        mask = self._compute_attention_mask(
+        masks = dict(
             query_length=shapes.shape(query_heads)[1],
             value_length=shapes.shape(key_heads)[2 if heads_major else 1],
             query_mask=query_mask,
@@ -305,6 +305,11 @@ class MultiHeadAttention(DirectCalls, keras.layers.Layer):
             attention_mask=attention_mask,
             use_causal_mask=use_causal_mask,
             cache_update_index=cache_update_index,
+        )
+        # The layers of a stack get the same masks: in a torch step, they
+        # are merged once a forward pass (`state.memoized`).
+        mask = state.memoized(
+            ("attention_mask", self.window), tuple(masks.values()), lambda: self._compute_attention_mask(**masks)
         )
         attention_dropout_active = bool(training) and self.dropout > 0
         # JAX's fused attention takes values of the keys' head size only.
@@ -381,27 +386,7 @@ class MultiHeadAttention(DirectCalls, keras.layers.Layer):
         use_causal_mask,
         cache_update_index,
     ):
-        """Merges every mask into one boolean `[B or 1, T, S]`, or None:
-        once per forward pass for the layers of a stack, which get the same
-        masks (`state.memoized`)."""
-        arguments = (query_length, value_length, query_mask, value_mask, key_mask, attention_mask)
-        return state.memoized(
-            ("attention_mask", use_causal_mask, self.window),
-            arguments + (cache_update_index,),
-            lambda: self._merged_mask(*arguments, use_causal_mask, cache_update_index),
-        )
-
-    def _merged_mask(
-        self,
-        query_length,
-        value_length,
-        query_mask,
-        value_mask,
-        key_mask,
-        attention_mask,
-        use_causal_mask,
-        cache_update_index,
-    ):
+        """Merges every mask into one boolean `[B or 1, T, S]`, or None."""
         mask = None
 
         def merge(new):
