@@ -251,7 +251,7 @@ def test_a_weight_read_both_as_a_copy_and_by_keras_gets_both_gradients():
 def test_a_torch_step_derives_each_stack_s_attention_mask_once(monkeypatch):
     """In a torch train step, the attention layers of a stack get the same
     masks and derive their merged, additive and no-key masks from them once
-    per forward pass, not once a layer: the same weights after the step."""
+    a step, not once a layer: the same weights after the step."""
     import contextlib
 
     from conftest import torch_operations
@@ -263,7 +263,7 @@ def test_a_torch_step_derives_each_stack_s_attention_mask_once(monkeypatch):
         x, y = batch()
         with monkeypatch.context() as patch:
             if not memo:
-                patch.setattr(state, "forward_memo", contextlib.nullcontext)
+                patch.setattr(state, "step_memo", contextlib.nullcontext)
             with torch_operations() as operations:
                 model.train_on_batch(x, y)
         names = [operation.__name__ for operation in operations.operations]

@@ -195,7 +195,7 @@ def _torch_attention(query, key, value, mask, scale):
     """torch's fused attention of `[B, N, T, H]` queries and `[B, N, S, H]`
     keys and values, the boolean mask `[B or 1, T, S]` made additive with
     Keras's stand-in for -inf (-0.7 times the dtype's largest finite
-    value), once per forward pass for the layers of a stack."""
+    value), once a step for the layers of a stack."""
     import torch
 
     if mask is not None:

@@ -16,9 +16,9 @@ function it runs. Our layers and searches read it to choose how to compute:
 - `cast_weight(variable)`: in a mixed-precision torch train step, the
   compute-dtype copy of a float32 weight that the step made
   (`backend.step_casts`), or None;
-- `memo()`: in a torch train step's forward pass, a dict in which the
-  attention layers keep the masks they derive from the model's, which are
-  the same for every layer of a stack (`memoized`); else None.
+- `memoized(kind, inputs, make)`: in a torch step with direct calls,
+  what the attention layers derive from the model's masks (the same for
+  every layer of a stack), made once a step.
 
 Outside a decoding call every answer is False (or None), and our code runs
 Keras's own operations.
@@ -78,7 +78,7 @@ def cast_weights(copies):
 
 
 @contextlib.contextmanager
-def forward_memo():
+def step_memo():
     """Within this block, on this thread, `memoized` computes each value once."""
     outer = _state.memo
     _state.memo = {}
@@ -90,7 +90,7 @@ def forward_memo():
 
 def memoized(kind, inputs, make):
     """`make()`, computed once per `kind` and identical `inputs` (ints by
-    value, the rest by identity) inside a `forward_memo`, which keeps
+    value, the rest by identity) inside a `step_memo`, which keeps
     `inputs` alive so that no other object takes their ids; elsewhere
     computed each time."""
     memo = _state.memo

@@ -18,9 +18,8 @@ the metrics' updates are Keras's, as in its step; a model that overrides
 `compute_loss`, `compute_metrics` or `get_metrics_result` gets its own.
 
 The model itself is called without `Layer.__call__`, whose outermost call
-walks every layer to clear added losses, where none holds any; the
-attention layers of a stack derive their masks once (`state.memoized`);
-and a mixed-precision model reads its weights cast all at once
+walks every layer to clear added losses, where none holds any; and a
+mixed-precision model reads its weights cast all at once
 (`backend/step_casts.py`).
 """
 
@@ -30,7 +29,6 @@ import keras
 
 from keras_transformer.backend import cross_entropy
 from keras_transformer.backend import keras_private
-from keras_transformer.backend import state
 from keras_transformer.backend import step_casts
 
 
@@ -58,8 +56,7 @@ def train_step(model, data, lists):
     """One step of `model` on `data`, updating the variables in `lists`,
     the `Listed` its fit made; returns the metrics' logs."""
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-    casts = lists.casts.reading() if lists.casts is not None else contextlib.nullcontext()
-    with casts, state.forward_memo():
+    with lists.casts.reading() if lists.casts is not None else contextlib.nullcontext():
         if keras_private.holds_added_losses(lists.layers):
             y_pred = model(x, training=True)  # whose outermost call clears them
         else:

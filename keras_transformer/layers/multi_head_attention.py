@@ -307,7 +307,7 @@ class MultiHeadAttention(DirectCalls, keras.layers.Layer):
             cache_update_index=cache_update_index,
         )
         # The layers of a stack get the same masks: in a torch step, they
-        # are merged once a forward pass (`state.memoized`).
+        # are merged once a step (`state.memoized`).
         mask = state.memoized(
             ("attention_mask", self.window), tuple(masks.values()), lambda: self._compute_attention_mask(**masks)
         )

@@ -92,7 +92,10 @@ class CheckedData:
     def _step_context(self, function):
         with ids_checked_on_host(function in self._steps_without_id_check):
             with state.direct_steps(compiled=bool(getattr(self, "jit_compile", False))):
-                yield
+                # Direct calls run eagerly: what the layers of a stack derive
+                # alike (their attention masks) is derived once a step.
+                with state.step_memo() if state.direct() else contextlib.nullcontext():
+                    yield
 
     def _checked_data(self, x, function):
         """Checks `x` for `function`'s steps, and remakes that compiled
