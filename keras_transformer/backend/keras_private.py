@@ -87,9 +87,15 @@ def _keras_global_state():
     """Keras's global-state module: Keras has no public getter for the open
     autocast scope (`AutocastScope` is not exported), and
     `keras.StatelessScope` none for the open stateless scope."""
-    from keras.src.backend.common import global_state
+    return _keras_common().global_state
 
-    return global_state
+
+@functools.cache
+def _keras_common():
+    """Keras's backend-independent core: its global state and `AutocastScope`."""
+    from keras.src.backend import common
+
+    return common
 
 
 @functools.cache
@@ -105,11 +111,9 @@ def outermost_autocast(layer):
     a mixed-precision `layer`. Keras does not export `AutocastScope`."""
     import contextlib
 
-    from keras.src.backend.common.variables import AutocastScope
-
     if layer.compute_dtype == layer.variable_dtype:
         return contextlib.nullcontext()
-    return AutocastScope(layer.compute_dtype)
+    return _keras_common().AutocastScope(layer.compute_dtype)
 
 
 def sublayers(model):
