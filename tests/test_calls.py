@@ -176,7 +176,7 @@ def test_a_variable_read_directly_is_the_tensor_keras_s_read_gives():
             assert reads[0][0] is layer.kernel.value  # the parameter itself, which gradients reach
 
 
-@pytest.mark.skipif(keras.backend.backend() != "torch", reason="the train step that casts the weights all at once is torch's; XLA fuses each cast into its product")
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="only torch's eager step casts weights one operation at a time; TensorFlow and JAX compile the step, and XLA fuses each cast into its product")
 def test_a_mixed_precision_torch_step_casts_its_weights_all_at_once(monkeypatch):
     """A mixed_bfloat16 torch step casts its float32 weights to bfloat16
     with one operation, and their gradients back with another, where
@@ -214,7 +214,7 @@ def test_a_mixed_precision_torch_step_casts_its_weights_all_at_once(monkeypatch)
     assert one_by_one - all_at_once == 2 * len(copied), (one_by_one, all_at_once, len(copied))
 
 
-@pytest.mark.skipif(keras.backend.backend() != "torch", reason="the weights' copies are the torch step's")
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="the weights' copies exist only in torch's eager step; TensorFlow and JAX compile the step, and XLA fuses each cast into its product")
 def test_a_weight_read_both_as_a_copy_and_by_keras_gets_both_gradients():
     """A step's layers read a weight's compute-dtype copy through
     `keras_private.torch_value`; a read through Keras's own property still
@@ -247,7 +247,7 @@ def test_a_weight_read_both_as_a_copy_and_by_keras_gets_both_gradients():
         assert keras_private.torch_value(kernel) is not casts.copies[0]
 
 
-@pytest.mark.skipif(keras.backend.backend() != "torch", reason="the memo is the torch step's; TensorFlow and JAX trace a step once")
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="the memo is for torch's eager step; TensorFlow and JAX trace a step once, and the compiler merges the layers' identical mask computations")
 def test_a_torch_step_derives_each_stack_s_attention_mask_once(monkeypatch):
     """In a torch train step, the attention layers of a stack get the same
     masks and derive their merged, additive and no-key masks from them once

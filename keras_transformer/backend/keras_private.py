@@ -92,7 +92,10 @@ def _keras_global_state():
 
 @functools.cache
 def _keras_common():
-    """Keras's backend-independent core: its global state and `AutocastScope`."""
+    """Keras's backend-independent core, for two things Keras 3 has no
+    public API for: its per-thread record of open scopes (no public getter
+    of the open autocast or stateless scope) and `AutocastScope` (not
+    exported; `Layer.__call__` opens it privately)."""
     from keras.src.backend import common
 
     return common
