@@ -18,8 +18,9 @@ The two take turns, `--rounds` times, each training `--steps` steps with
 the contenders of `training_speed.py` (ours with `fit`, timed inside it).
 Printed: ms per step of each (its fastest turn: on a shared machine the
 others include other programs' time), ours / theirs as
-a speed ratio, and two counts of one step's host work that do not vary
-with the machine's load: the torch operations it dispatches and the
+a speed ratio, and counts of one step's host work that do not vary with
+the machine's load: the torch operations it dispatches, those of them that
+compute (a kernel each on a GPU; not views or bare allocations), and the
 Python and built-in function calls it makes.
 """
 
@@ -33,19 +34,27 @@ SIZE = {"num_layers": 6, "d_model": 16, "num_heads": 2, "vocabulary_size": 100, 
 
 
 def dispatched_operations(step):
-    """The torch operations that `step()` dispatches."""
+    """The torch operations that `step()` dispatches: all of them, and
+    those that compute, neither views nor bare allocations nor host
+    scalars (on a GPU, each of these is a kernel to launch)."""
+    import torch
     from torch.utils._python_dispatch import TorchDispatchMode
+
+    aten = torch.ops.aten
+    no_kernel = {aten.empty.memory_format, aten.empty_strided.default, aten._unsafe_view.default, aten.scalar_tensor.default}
 
     class Count(TorchDispatchMode):
         operations = 0
+        computing = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             self.operations += 1
+            self.computing += not (func.is_view or func in no_kernel)
             return func(*args, **(kwargs or {}))
 
     with Count() as count:
         step()
-    return count.operations
+    return count.operations, count.computing
 
 
 def function_calls(run):
@@ -91,10 +100,17 @@ def main():
         contender.train(2)  # builds, and takes the first calls' costs
     # A step's operations and calls: a turn of 2 steps less one of 1, which
     # cancels what a turn (ours: a `fit`) does once.
-    operations = {
-        contender.name: dispatched_operations(lambda: contender.train(2)) - dispatched_operations(lambda: contender.train(1))
+    counted = {
+        contender.name: [
+            two - one
+            for two, one in zip(
+                dispatched_operations(lambda: contender.train(2)), dispatched_operations(lambda: contender.train(1))
+            )
+        ]
         for contender in contenders
     }
+    operations = {name: pair[0] for name, pair in counted.items()}
+    computing = {name: pair[1] for name, pair in counted.items()}
     calls = {
         contender.name: function_calls(lambda: contender.train(2)) - function_calls(lambda: contender.train(1))
         for contender in contenders
@@ -111,12 +127,14 @@ def main():
         "ms_per_step": ms,
         "ours_speed_over_torch": ms["torch"] / ms["ours"],
         "operations_per_step": operations,
+        "computing_operations_per_step": computing,
         "function_calls_per_step": calls,
         "microseconds_per_operation": {name: 1000 * ms[name] / operations[name] for name in ms},
         "versions": speed.versions(),
     }
     for name in ("ours", "torch"):
-        print(f"{name:6s} {ms[name]:6.1f} ms a step, {operations[name]:5d} torch operations, "
+        print(f"{name:6s} {ms[name]:6.1f} ms a step, {operations[name]:5d} torch operations "
+              f"({computing[name]:5d} computing), "
               f"{report['microseconds_per_operation'][name]:5.1f} us each, {calls[name]:6d} function calls")
     print(f"ours / torch.nn.Transformer, speed: {report['ours_speed_over_torch']:.2f}x")
     if args.json:

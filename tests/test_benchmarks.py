@@ -219,6 +219,9 @@ def test_torch_host_time_times_both_steps_and_counts_their_operations_and_calls(
     # A step of each launches thousands of operations at the base's 12
     # layers, and makes thousands of Python calls.
     assert operations["ours"] > 1000 and operations["torch"] > 1000
+    # Of which those that compute, a kernel each on a GPU: not the views.
+    computing = report["computing_operations_per_step"]
+    assert all(500 < computing[name] < operations[name] for name in operations)
     calls = report["function_calls_per_step"]
     assert calls["ours"] > 1000 and calls["torch"] > 1000
     assert "ours / torch.nn.Transformer, speed:" in stdout

@@ -4,6 +4,7 @@ import keras
 import numpy as np
 import pytest
 from conftest import to_numpy
+from conftest import torch_operations
 
 import keras_transformer as kt
 from keras_transformer import layers
@@ -93,3 +94,27 @@ def test_under_torch_an_unseeded_dropout_stays_torch_s_fused_one():
     names = {event.name for event in profile.events()}
     assert "aten::dropout" in names or "aten::native_dropout" in names
     assert "aten::bernoulli" not in names
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() != "torch",
+    reason="counts the torch operations of our host-seeded mask; TensorFlow and JAX draw Keras's own",
+)
+def test_under_torch_a_seeded_mask_is_drawn_in_one_pass():
+    """The mask is drawn straight into a bool tensor from the keep
+    probability's broadcast view: no float32 tensor of the inputs' size
+    filled with it, and no cast of the draws (Keras's way, and the same
+    mask: the first test)."""
+    import torch
+
+    dropout = layers.Dropout(0.3, seed=5)
+    inputs = torch.ones(4, 6, 8)
+    dropout(inputs, training=True)  # makes the probability's scalar
+    with torch_operations() as counted:
+        dropped = dropout(inputs, training=True)
+    names = [str(operation) for operation in counted.operations]
+    aten = torch.ops.aten
+    draws = [operation for operation in counted.operations if operation.name().startswith("aten::bernoulli")]
+    assert draws == [aten.bernoulli_.Tensor], names
+    assert not {aten.full.default, aten._to_copy.default} & set(counted.operations), names
+    assert set(np.unique(to_numpy(dropped))) <= {0.0, np.float32(1 / 0.7)}

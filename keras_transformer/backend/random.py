@@ -14,9 +14,9 @@ What it does:
   counters in host memory (under torch; elsewhere nothing changes).
 - `dropout(inputs, rate, noise_shape, seed_generator)`: under torch, with
   the counters in host memory, the seed is drawn there (the sum of the two
-  counters, as Keras derives it) and the mask on the inputs' device, with
-  the operations Keras's torch dropout runs, so that the mask is the one
-  Keras's dropout draws from the same seed. Everywhere else, and for an
+  counters, as Keras derives it) and the mask on the inputs' device, from
+  the same generator draws as Keras's torch dropout, so that the mask is
+  the one Keras's dropout draws from the same seed. Everywhere else, and for an
   unseeded stream (torch's own fused dropout), it is Keras's dropout.
 """
 
@@ -81,6 +81,8 @@ def _dropout_with_host_seed():
     # One generator per device and thread, seeded anew for each mask: the
     # draws of a new generator with that seed, without making one each time.
     generators = threading.local()
+    # Per device and rate, the keep probability as a float32 scalar there.
+    probabilities = {}
 
     # torch's compiler does not take generators (as Keras's backend notes).
     @torch._dynamo.disable
@@ -91,9 +93,16 @@ def _dropout_with_host_seed():
             generator = per_device[inputs.device] = torch.Generator(device=inputs.device)
         generator.manual_seed(next_seed(seed_generator))
         keep_probability = 1.0 - rate
-        keep = torch.bernoulli(
-            torch.full(inputs.shape, keep_probability, device=inputs.device), generator=generator
-        ).bool()
+        probability = probabilities.get((inputs.device, keep_probability))
+        if probability is None:
+            probability = torch.full((), keep_probability, device=inputs.device)
+            probabilities[(inputs.device, keep_probability)] = probability
+        # Keras fills a float32 tensor with the probability, draws from it
+        # and casts the draws to bool: three passes over the inputs' size.
+        # The same draws land in a bool tensor from the probability's
+        # broadcast view, in one (tests/test_dropout.py).
+        keep = torch.empty(inputs.shape, dtype=torch.bool, device=inputs.device)
+        keep.bernoulli_(probability.expand(inputs.shape), generator=generator)
         # A zero where Keras's has `zeros_like(inputs)`: the same values, one
         # operation less.
         return torch.where(keep, inputs / keep_probability, 0.0)
