@@ -13,7 +13,14 @@ import keras
 class StepTimes(keras.callbacks.Callback):
     """`perf_counter` times inside one `fit`: `begin` (training began),
     `first` (its first step began) and `ends` (each step ended, once the
-    step's logs were on the host)."""
+    step's logs were on the host; in order).
+
+    Under JAX and torch, Keras runs its step hook on a thread of its own
+    (`async_safe`), as it runs the `train` command's: the steps do not wait
+    for their logs, as a plain `fit`'s or an eager torch loop's do not (a
+    hook on the main thread would make each step wait for the device)."""
+
+    async_safe = True
 
     def on_train_begin(self, logs=None):
         self.begin = time.perf_counter()
@@ -24,7 +31,11 @@ class StepTimes(keras.callbacks.Callback):
             self.first = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
-        self.ends.append(time.perf_counter())
+        self.ends.append(time.perf_counter())  # list.append holds the GIL
+
+    def on_train_end(self, logs=None):
+        # Keras has waited for its threads; they may have ended out of order.
+        self.ends.sort()
 
 
 def one_batch_per_shape(batches):

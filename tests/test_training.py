@@ -118,6 +118,39 @@ def test_fit_stops_at_exactly_train_steps_with_a_last_checkpoint(tmp_path):
     assert int(to_numpy(model.optimizer.iterations)) == 12
 
 
+@pytest.mark.skipif(
+    keras.backend.backend() == "tensorflow",
+    reason="Keras calls every callback on the main thread under TensorFlow, whose backend it does not count thread-safe",
+)
+def test_fit_s_callbacks_leave_each_step_s_logs_to_keras_s_threads(tmp_path):
+    """Under JAX and torch, Keras reads a step's logs back on the host, and
+    runs the step hooks, on a thread of its own only where every callback
+    allows it: one that does not makes each step wait for the device. So
+    neither `fit`'s own callbacks (the loss check, the checkpoints, the
+    TensorBoard logs) nor `ProgressLog` may; a probe that allows it sees the
+    thread its hook runs in. The run still stops at exactly `train_steps`,
+    and logs and checkpoints where it would."""
+    import threading
+
+    class Probe(keras.callbacks.Callback):
+        async_safe = True
+        threads = set()
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.threads.add(threading.current_thread())
+
+    lines = []
+    model = training.compile_model(kt.build_transformer("tiny", vocabulary_size=16, num_layers=1), warmup_steps=5)
+    model = training.fit(
+        model, reversal_batches(), tmp_path, 7, checkpoint_every=3, verbose=1,
+        callbacks=[training.ProgressLog(7, every=2, log=lines.append), Probe()],
+    )
+    assert Probe.threads and threading.main_thread() not in Probe.threads
+    assert int(to_numpy(model.optimizer.iterations)) == 7
+    assert saved_steps(tmp_path / "checkpoints") == [3, 6, 7]
+    assert [line.split(" |")[0] for line in lines] == [f"step {step}/7" for step in (2, 4, 6, 7)]
+
+
 def test_steps_per_execution_is_the_largest_power_of_two_dividing_every_interval():
     assert training.trainer.steps_per_execution(6000, 500, 100, 0) == 4
     assert training.trainer.steps_per_execution(6000, 1000, 1000, 3000) == 8

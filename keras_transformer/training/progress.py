@@ -2,6 +2,7 @@
 
 import json
 import os
+import threading
 import time
 
 import keras
@@ -45,38 +46,52 @@ class ProgressLog(keras.callbacks.Callback):
     compiled with `keras_transformer.metrics.TargetTokens` (as
     `compile_model` does).
 
+    Keras may run it on a thread of its own (`async_safe`) once each step's
+    logs are on the host, so the steps do not wait for their logs: a line's
+    time is when its step's logs were there.
+
     Args:
         train_steps: the run's total number of steps, for the ETA.
         every: a line every this many steps.
         log: where lines go, such as `print`.
     """
 
+    # No step waits for its logs to be read back (Keras's async dispatch).
+    async_safe = True
+
     def __init__(self, train_steps, every=100, log=print):
         super().__init__()
         self.train_steps = train_steps
         self.every = every
         self.log = log
+        self._lock = threading.Lock()
 
     def on_train_begin(self, logs=None):
-        # Read the step counter once; counting batches after that spares a
-        # host sync per step.
-        self._step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+        # Kept for the step hook: on Keras's threads, `self.model` would sync
+        # a JAX model's state while the next step consumes it.
+        self._optimizer = self.model.optimizer
         self._last_time = time.perf_counter()
-        self._last_step = self._step
+        self._last_step = int(keras.ops.convert_to_numpy(self._optimizer.iterations))
         self._last_tokens = 0.0
 
     def on_epoch_begin(self, epoch, logs=None):
+        # The step counter read once an epoch, between steps; steps are
+        # counted from `batch` after that, sparing a host sync per step.
+        self._epoch_start = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
         # Keras resets the metrics, so the token count, at each epoch.
         self._last_tokens = 0.0
-        self._epoch_start = self._step
 
     def on_train_batch_end(self, batch, logs=None):
         # `batch` is the epoch's last step done: with `steps_per_execution`,
         # one call covers several steps.
-        self._step = step = self._epoch_start + batch + 1
+        step = self._epoch_start + batch + 1
         if step % self.every and step != self.train_steps:
             return
-        logs = logs or {}
+        with self._lock:  # Keras's threads may overlap; lines go in order
+            if step > self._last_step:
+                self._line(step, logs or {})
+
+    def _line(self, step, logs):
         now = time.perf_counter()
         elapsed = max(now - self._last_time, 1e-9)
         steps_per_second = (step - self._last_step) / elapsed
@@ -85,7 +100,7 @@ class ProgressLog(keras.callbacks.Callback):
         if "target_tokens" in logs:
             parts.append(f"{(tokens - self._last_tokens) / elapsed:,.0f} tok/s")
         parts.append(f"loss {float(logs.get('loss', float('nan'))):.3f}")
-        parts.append(f"lr {current_learning_rate(self.model.optimizer, step):.1e}")
+        parts.append(f"lr {current_learning_rate(self._optimizer, step):.1e}")
         if steps_per_second > 0 and step < self.train_steps:
             parts.append(f"ETA {format_duration((self.train_steps - step) / steps_per_second)}")
         self.log(" | ".join(parts))

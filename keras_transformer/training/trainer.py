@@ -1,7 +1,7 @@
 """Training as in the paper, around plain `model.fit`."""
 
-import math
 import os
+import threading
 
 import keras
 import numpy as np
@@ -99,22 +99,51 @@ def use_compilation_cache(directory=None):
 
 
 class StopOnNonFiniteLoss(keras.callbacks.Callback):
-    """Stops training when the loss is NaN or infinite, naming the step."""
+    """Stops training when the loss is NaN or infinite, naming the step.
+
+    Keras may run it on a thread of its own (`async_safe`) once each step's
+    logs are on the host, so the steps do not wait for it: it stops the run
+    a step or two after the one it names, before the interval's checkpoint.
+    """
+
+    # No step waits for its loss to be read back (Keras's async dispatch).
+    async_safe = True
+
+    def __init__(self):
+        super().__init__()
+        self._lock = threading.Lock()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        # Kept for the step hook: on Keras's threads, `self.model` would sync
+        # a JAX model's state while the next step consumes it.
+        self._trained = self.model
+        # Read once an epoch, between steps; then counted from `batch`.
+        self._epoch_start = int(keras.ops.convert_to_numpy(self._trained.optimizer.iterations))
+        self._stopped = False
 
     def on_train_batch_end(self, batch, logs=None):
         loss = (logs or {}).get("loss")
-        if loss is not None and not np.isfinite(loss):
-            step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
-            self.model.stop_training = True
-            raise FloatingPointError(
-                f"The training loss became {loss} at step {step}. The last "
-                "checkpoint before it is intact; lower the learning rate or "
-                "check the data, then resume."
-            )
+        if loss is None or np.isfinite(loss):
+            return
+        with self._lock:  # the first step found says so, once
+            if self._stopped:
+                return
+            self._stopped = True
+        self._trained.stop_training = True
+        raise FloatingPointError(
+            f"The training loss became {loss} at step {self._epoch_start + batch + 1}. The last "
+            "checkpoint before it is intact; lower the learning rate or "
+            "check the data, then resume."
+        )
 
 
 class StopAtStep(keras.callbacks.Callback):
-    """Ends training once the optimizer has taken `train_steps` steps."""
+    """Ends training once the optimizer has taken `train_steps` steps.
+
+    To stop at its step, it runs on the main thread, so Keras reads every
+    step's logs back before the next step starts (a wait for the device);
+    `fit` ends its runs with `model.fit`'s own step counts instead.
+    """
 
     def __init__(self, train_steps):
         super().__init__()
@@ -154,6 +183,24 @@ def _from_step(dataset, step):
     return dataset.skip(step)
 
 
+def _fits(done, train_steps, checkpoint_every):
+    """The `model.fit` calls that train from step `done` to `train_steps`,
+    as (first step, initial epoch, epochs, steps an epoch): each ends where
+    an interval or the run ends, so that no callback stops one mid-epoch
+    (which would read every step's logs back). First up to the next multiple
+    of `checkpoint_every` (a run that stopped at its `train_steps`, then was
+    extended), then the whole intervals, then the last, shorter one."""
+    while done < train_steps:
+        epoch = done // checkpoint_every
+        if done % checkpoint_every or train_steps - done < checkpoint_every:
+            stop = min(train_steps, (epoch + 1) * checkpoint_every)
+            yield done, epoch, epoch + 1, stop - done
+        else:
+            stop = train_steps - train_steps % checkpoint_every
+            yield done, epoch, stop // checkpoint_every, checkpoint_every
+        done = stop
+
+
 def fit(
     model,
     dataset,
@@ -189,7 +236,11 @@ def fit(
         keep_checkpoints: how many checkpoints to keep, for averaging.
         validation_data: batches for the validation loss, or None.
         callbacks: more Keras callbacks. At an interval's end they run
-            before its checkpoint is written.
+            before its checkpoint is written. Under JAX and torch, one with a
+            step hook (`on_train_batch_end`) that is not `async_safe` makes
+            every step wait for the device, as Keras then reads each step's
+            logs back before the next starts; `fit`'s own callbacks and
+            `ProgressLog` let Keras do that on a thread of its own.
         verbose: the Keras progress-bar setting.
 
     Returns:
@@ -225,34 +276,24 @@ def fit(
     ]
     # Keras writes TensorBoard logs through TensorFlow, which is optional.
     if tensorflow_beside_backend() is not None:
-        callbacks.append(keras.callbacks.TensorBoard(os.path.join(model_dir, "logs")))
+        # Epoch logs only. Its step hook writes nothing without a per-step
+        # writer, but would make Keras read every step's logs back first;
+        # on Keras's threads it must not touch the model, as the graph it
+        # writes (of a `tf.function`: TensorFlow's steps only) does.
+        graph = keras.backend.backend() == "tensorflow"
+        board = keras.callbacks.TensorBoard(os.path.join(model_dir, "logs"), write_graph=graph)
+        board.async_safe = not graph
+        callbacks.append(board)
     # An epoch is one checkpoint interval: Keras validates and the callbacks
-    # write a checkpoint at its end. A run resumed between two multiples of
-    # `checkpoint_every` (one that stopped at its `train_steps`, then was
-    # extended) first trains up to the next multiple.
-    if done % checkpoint_every:
-        stop = min(train_steps, (done // checkpoint_every + 1) * checkpoint_every)
+    # write a checkpoint at its end.
+    for start, epoch, epochs, steps in _fits(done, train_steps, checkpoint_every):
         model.fit(
-            _from_step(dataset, done),
-            initial_epoch=done // checkpoint_every,
-            epochs=done // checkpoint_every + 1,
-            steps_per_epoch=stop - done,
+            _from_step(dataset, start),
+            initial_epoch=epoch,
+            epochs=epochs,
+            steps_per_epoch=steps,
             validation_data=validation_data,
             callbacks=callbacks,
-            verbose=verbose,
-            shuffle=False,  # the dataset shuffles itself
-        )
-        done = stop
-    if done < train_steps:
-        # The last interval may be shorter: StopAtStep ends it at
-        # `train_steps`, and Keras still validates and checkpoints it.
-        model.fit(
-            _from_step(dataset, done),
-            initial_epoch=done // checkpoint_every,
-            epochs=math.ceil(train_steps / checkpoint_every),
-            steps_per_epoch=checkpoint_every,
-            validation_data=validation_data,
-            callbacks=[StopAtStep(train_steps), *callbacks],
             verbose=verbose,
             shuffle=False,  # the dataset shuffles itself
         )
