@@ -151,6 +151,30 @@ def test_fit_s_callbacks_leave_each_step_s_logs_to_keras_s_threads(tmp_path):
     assert [line.split(" |")[0] for line in lines] == [f"step {step}/7" for step in (2, 4, 6, 7)]
 
 
+def test_progress_lines_come_in_step_order_when_keras_s_threads_run_hooks_out_of_order():
+    """Keras's threads may reach the step hooks in any order: a hook waits
+    for those of the calls before it, so no line is lost or out of place."""
+    import threading
+
+    model = training.compile_model(kt.build_transformer("tiny", vocabulary_size=16, num_layers=1))
+    lines = []
+    progress = training.ProgressLog(6, every=2, log=lines.append)
+    progress.set_model(model)
+    progress.on_train_begin()
+    progress.on_epoch_begin(0)
+    logs = {"loss": 1.0, "target_tokens": 10.0}
+    early = threading.Thread(target=progress.on_train_batch_end, args=(3, logs))  # step 4 first
+    early.start()
+    early.join(timeout=0.5)
+    assert early.is_alive() and lines == []  # waiting for the steps before it
+    for batch in (0, 1, 2):
+        progress.on_train_batch_end(batch, logs)
+    early.join(timeout=10)
+    progress.on_train_batch_end(4, logs)
+    progress.on_train_batch_end(5, logs)
+    assert [line.split(" |")[0] for line in lines] == ["step 2/6", "step 4/6", "step 6/6"]
+
+
 def test_steps_per_execution_is_the_largest_power_of_two_dividing_every_interval():
     assert training.trainer.steps_per_execution(6000, 500, 100, 0) == 4
     assert training.trainer.steps_per_execution(6000, 1000, 1000, 3000) == 8

@@ -64,12 +64,13 @@ class ProgressLog(keras.callbacks.Callback):
         self.train_steps = train_steps
         self.every = every
         self.log = log
-        self._lock = threading.Lock()
+        self._turns = threading.Condition()
 
     def on_train_begin(self, logs=None):
         # Kept for the step hook: on Keras's threads, `self.model` would sync
         # a JAX model's state while the next step consumes it.
         self._optimizer = self.model.optimizer
+        self._steps_per_call = getattr(self.model, "steps_per_execution", 1) or 1
         self._last_time = time.perf_counter()
         self._last_step = int(keras.ops.convert_to_numpy(self._optimizer.iterations))
         self._last_tokens = 0.0
@@ -80,16 +81,22 @@ class ProgressLog(keras.callbacks.Callback):
         self._epoch_start = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
         # Keras resets the metrics, so the token count, at each epoch.
         self._last_tokens = 0.0
+        self._calls_done = 0  # Keras waits for its threads at an epoch's end
 
     def on_train_batch_end(self, batch, logs=None):
         # `batch` is the epoch's last step done: with `steps_per_execution`,
         # one call covers several steps.
         step = self._epoch_start + batch + 1
-        if step % self.every and step != self.train_steps:
-            return
-        with self._lock:  # Keras's threads may overlap; lines go in order
-            if step > self._last_step:
+        turn = batch // self._steps_per_call  # this call's place in the epoch
+        with self._turns:
+            # Keras's threads may run the calls' hooks out of order: each
+            # waits for those before it, so lines come in order (the timeout:
+            # a hook that never comes, after another callback raised).
+            self._turns.wait_for(lambda: self._calls_done >= turn, timeout=10)
+            if step > self._last_step and (step % self.every == 0 or step == self.train_steps):
                 self._line(step, logs or {})
+            self._calls_done = max(self._calls_done, turn + 1)
+            self._turns.notify_all()
 
     def _line(self, step, logs):
         now = time.perf_counter()

@@ -269,9 +269,11 @@ def fit(
     # The checkpoint comes last at an interval's end: what the other
     # callbacks record for a step (the history) is on disk before the
     # checkpoint that a resume starts from, and a resume redoes it.
+    # The loss check comes after the others' step hooks, which see the
+    # step it stops at (Keras skips the rest of a step's hooks once one raises).
     callbacks = [
-        StopOnNonFiniteLoss(),
         *callbacks,
+        StopOnNonFiniteLoss(),
         SaveCheckpoints(checkpoint_dir, keep=keep_checkpoints),
     ]
     # Keras writes TensorBoard logs through TensorFlow, which is optional.
