@@ -98,7 +98,7 @@ def test_under_torch_an_unseeded_dropout_stays_torch_s_fused_one():
 
 @pytest.mark.skipif(
     keras.backend.backend() != "torch",
-    reason="counts the torch operations of our host-seeded mask; TensorFlow and JAX draw Keras's own",
+    reason="counts the torch operations of the torch backend's host-seeded mask; under TensorFlow and JAX the mask is Keras's own dropout, compiled into the step",
 )
 def test_under_torch_a_seeded_mask_is_drawn_in_one_pass():
     """The mask is drawn straight into a bool tensor from the keep

@@ -120,7 +120,7 @@ def test_fit_stops_at_exactly_train_steps_with_a_last_checkpoint(tmp_path):
 
 @pytest.mark.skipif(
     keras.backend.backend() == "tensorflow",
-    reason="Keras calls every callback on the main thread under TensorFlow, whose backend it does not count thread-safe",
+    reason="Keras runs every step hook on the main thread under TensorFlow (it does not count that backend thread-safe), so there each call of the train function waits for its logs whatever the callbacks allow",
 )
 def test_fit_s_callbacks_leave_each_step_s_logs_to_keras_s_threads(tmp_path):
     """Under JAX and torch, Keras reads a step's logs back on the host, and

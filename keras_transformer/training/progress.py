@@ -9,6 +9,7 @@ import keras
 import sacrebleu.metrics
 
 from keras_transformer.files import write_atomically
+from keras_transformer.training.step_hooks import StepHook
 
 
 def format_duration(seconds):
@@ -35,7 +36,7 @@ def current_learning_rate(optimizer, step):
     return float(keras.ops.convert_to_numpy(rate))
 
 
-class ProgressLog(keras.callbacks.Callback):
+class ProgressLog(StepHook):
     """Steady log lines: step, steps/s, target tokens/s, loss, rate, ETA.
 
         step 1200/3000 | 0.48 steps/s | 1,730 tok/s | loss 3.412 | lr 4.9e-04 | ETA 1h02m
@@ -46,8 +47,8 @@ class ProgressLog(keras.callbacks.Callback):
     compiled with `keras_transformer.metrics.TargetTokens` (as
     `compile_model` does).
 
-    Keras may run it on a thread of its own (`async_safe`) once each step's
-    logs are on the host, so the steps do not wait for their logs: a line's
+    Keras may run it on a thread of its own once each step's logs are on
+    the host (`StepHook`), so the steps do not wait for their logs: a line's
     time is when its step's logs were there.
 
     Args:
@@ -55,9 +56,6 @@ class ProgressLog(keras.callbacks.Callback):
         every: a line every this many steps.
         log: where lines go, such as `print`.
     """
-
-    # No step waits for its logs to be read back (Keras's async dispatch).
-    async_safe = True
 
     def __init__(self, train_steps, every=100, log=print):
         super().__init__()
@@ -67,26 +65,19 @@ class ProgressLog(keras.callbacks.Callback):
         self._turns = threading.Condition()
 
     def on_train_begin(self, logs=None):
-        # Kept for the step hook: on Keras's threads, `self.model` would sync
-        # a JAX model's state while the next step consumes it.
-        self._optimizer = self.model.optimizer
         self._steps_per_call = getattr(self.model, "steps_per_execution", 1) or 1
         self._last_time = time.perf_counter()
-        self._last_step = int(keras.ops.convert_to_numpy(self._optimizer.iterations))
+        self._last_step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
         self._last_tokens = 0.0
 
     def on_epoch_begin(self, epoch, logs=None):
-        # The step counter read once an epoch, between steps; steps are
-        # counted from `batch` after that, sparing a host sync per step.
-        self._epoch_start = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+        super().on_epoch_begin(epoch, logs)
         # Keras resets the metrics, so the token count, at each epoch.
         self._last_tokens = 0.0
         self._calls_done = 0  # Keras waits for its threads at an epoch's end
 
     def on_train_batch_end(self, batch, logs=None):
-        # `batch` is the epoch's last step done: with `steps_per_execution`,
-        # one call covers several steps.
-        step = self._epoch_start + batch + 1
+        step = self.step(batch)
         turn = batch // self._steps_per_call  # this call's place in the epoch
         with self._turns:
             # Keras's threads may run the calls' hooks out of order: each
@@ -107,7 +98,7 @@ class ProgressLog(keras.callbacks.Callback):
         if "target_tokens" in logs:
             parts.append(f"{(tokens - self._last_tokens) / elapsed:,.0f} tok/s")
         parts.append(f"loss {float(logs.get('loss', float('nan'))):.3f}")
-        parts.append(f"lr {current_learning_rate(self._optimizer, step):.1e}")
+        parts.append(f"lr {current_learning_rate(self.trained.optimizer, step):.1e}")
         if steps_per_second > 0 and step < self.train_steps:
             parts.append(f"ETA {format_duration((self.train_steps - step) / steps_per_second)}")
         self.log(" | ".join(parts))

@@ -16,6 +16,7 @@ from keras_transformer.optimizers import transformer_adam
 from keras_transformer.training.checkpoints import SaveCheckpoints
 from keras_transformer.training.checkpoints import check_writable
 from keras_transformer.training.checkpoints import restore_latest
+from keras_transformer.training.step_hooks import StepHook
 
 
 def compile_model(
@@ -98,27 +99,20 @@ def use_compilation_cache(directory=None):
     return directory
 
 
-class StopOnNonFiniteLoss(keras.callbacks.Callback):
+class StopOnNonFiniteLoss(StepHook):
     """Stops training when the loss is NaN or infinite, naming the step.
 
-    Keras may run it on a thread of its own (`async_safe`) once each step's
-    logs are on the host, so the steps do not wait for it: it stops the run
+    Keras may run it on a thread of its own once each step's logs are on
+    the host (`StepHook`), so the steps do not wait for it: it stops the run
     a step or two after the one it names, before the interval's checkpoint.
     """
-
-    # No step waits for its loss to be read back (Keras's async dispatch).
-    async_safe = True
 
     def __init__(self):
         super().__init__()
         self._lock = threading.Lock()
 
     def on_epoch_begin(self, epoch, logs=None):
-        # Kept for the step hook: on Keras's threads, `self.model` would sync
-        # a JAX model's state while the next step consumes it.
-        self._trained = self.model
-        # Read once an epoch, between steps; then counted from `batch`.
-        self._epoch_start = int(keras.ops.convert_to_numpy(self._trained.optimizer.iterations))
+        super().on_epoch_begin(epoch, logs)
         self._stopped = False
 
     def on_train_batch_end(self, batch, logs=None):
@@ -129,9 +123,9 @@ class StopOnNonFiniteLoss(keras.callbacks.Callback):
             if self._stopped:
                 return
             self._stopped = True
-        self._trained.stop_training = True
+        self.trained.stop_training = True
         raise FloatingPointError(
-            f"The training loss became {loss} at step {self._epoch_start + batch + 1}. The last "
+            f"The training loss became {loss} at step {self.step(batch)}. The last "
             "checkpoint before it is intact; lower the learning rate or "
             "check the data, then resume."
         )
@@ -240,7 +234,9 @@ def fit(
             step hook (`on_train_batch_end`) that is not `async_safe` makes
             every step wait for the device, as Keras then reads each step's
             logs back before the next starts; `fit`'s own callbacks and
-            `ProgressLog` let Keras do that on a thread of its own.
+            `ProgressLog` let Keras do that on a thread of its own. Under
+            TensorFlow Keras reads them on the main thread, once a call of
+            `steps_per_execution` steps.
         verbose: the Keras progress-bar setting.
 
     Returns:
