@@ -30,13 +30,14 @@ def onednn_on_any_cpu(monkeypatch):
 
 def onednn_calls(compute):
     """`compute()`'s result, and how many oneDNN linear operations and
-    torch `mm`s it ran, forward and backward."""
+    torch products (`mm`, or `addmm` with a bias) it ran, forward and
+    backward."""
     import torch
 
     with torch.profiler.profile() as profile:
         result = compute()
     calls = collections.Counter(event.name for event in profile.events())
-    return result, calls["mkldnn::_linear_pointwise"], calls["aten::mm"]
+    return result, calls["mkldnn::_linear_pointwise"], calls["aten::mm"] + calls["aten::addmm"]
 
 
 def gradients_of(model, inputs, weights):

@@ -248,6 +248,41 @@ def test_a_weight_read_both_as_a_copy_and_by_keras_gets_both_gradients():
 
 
 @pytest.mark.skipif(keras.backend.backend() != "torch", reason="the memo is for torch's eager step; TensorFlow and JAX trace a step once, and the compiler merges the layers' identical mask computations")
+def test_a_torch_step_adds_each_bias_inside_its_product(monkeypatch):
+    """Under torch, each projection with a bias is one `addmm` (a kernel
+    fewer on a GPU, where a step is bound by the host's launches), not a
+    product and an `add`: the same step, to float32 rounding."""
+    from conftest import torch_operations
+
+    from keras_transformer.backend import products
+
+    def step(fused):
+        keras.utils.set_random_seed(3)
+        model = kt.build_transformer("tiny", vocabulary_size=V, num_layers=3, dropout=0.0)
+        training.compile_model(model, warmup_steps=2)
+        x, y = batch()
+        with monkeypatch.context() as patch:
+            if not fused:
+                patch.setattr(products, "biased_product", lambda *args, **kwargs: None)
+            model.train_on_batch(x, y)  # builds, calling the model once more
+            with torch_operations() as operations:
+                model.train_on_batch(x, y)
+        names = [operation.__name__ for operation in operations.operations]
+        biased = [
+            layer for layer in model._flatten_layers() if isinstance(layer, keras.layers.Dense | keras.layers.EinsumDense) and layer.bias is not None
+        ]
+        return names.count("addmm.default"), names.count("add.Tensor"), len(biased), model.get_weights()
+
+    addmm, adds, biased, weights = step(True)
+    apart_addmm, apart_adds, _, apart_weights = step(False)
+    # 3 + 3 blocks: 6 projections an encoder block, 10 a decoder block.
+    assert biased == 48
+    assert (addmm, apart_addmm) == (biased, 0)
+    assert apart_adds - adds == biased
+    for got, want in zip(weights, apart_weights):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_a_torch_step_derives_each_stack_s_attention_mask_once(monkeypatch):
     """In a torch train step, the attention layers of a stack get the same
     masks and derive their merged, additive and no-key masks from them once

@@ -93,6 +93,60 @@ def test_a_torch_search_reads_one_value_back_a_step(model, beam_size):
     assert reads[16] == reads[8], reads  # the rest: a few reads outside the loops
 
 
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="counts the kernels torch's step-by-step search launches; under TensorFlow and JAX the search is one compiled loop")
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_a_torch_search_step_launches_only_each_block_s_arithmetic(beam_size):
+    """On a GPU a torch decoding step is bound by the host's launches, one a
+    kernel. A decoder block's share of a step (the step of a 3-block model
+    less that of a 1-block one, halved) is its arithmetic alone: its masks
+    and the cache positions it writes are derived once a step for all
+    blocks, each product adds its bias in one kernel, the caches, which
+    the search alone holds, are written without a copy, and the beams'
+    caches are gathered without index arithmetic."""
+    import collections
+
+    import torch
+
+    aten = torch.ops.aten
+    no_kernel = {aten.empty.memory_format, aten.empty_strided.default, aten._unsafe_view.default, aten.scalar_tensor.default}
+    source_ids = np.array([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]], "int32")
+
+    def kernels_a_step(num_layers):
+        keras.utils.set_random_seed(0)
+        model = kt.build_transformer("tiny", vocabulary_size=40, num_layers=num_layers, d_model=16, d_ff=32, num_heads=2)
+        counts = {}
+        for steps in (4, 8):  # caches of at most 16 positions: one phase
+            search = CompiledFunction(
+                lambda source, limits: search_translations(
+                    model, source, limits, beam_size=beam_size, alpha=0.6, max_extra_length=steps, bos_id=2, eos_id=-1  # no EOS: every step runs
+                ),
+                model, [2, 1],
+            )  # fmt: skip
+            limits = np.full((2,), 5 + steps, "int32")
+            search(source_ids, limits)  # traces
+            with torch_operations() as dispatched:
+                search(source_ids, limits)
+            counts[steps] = collections.Counter(
+                str(op) for op in dispatched.operations if not (op.is_view or op in no_kernel)
+            )
+        counts[8].subtract(counts[4])
+        return counts[8]
+
+    per_block = kernels_a_step(3)
+    per_block.subtract(kernels_a_step(1))
+    per_block = {name: count / (2 * 4) for name, count in per_block.items() if count}
+    assert per_block == {
+        "aten.addmm.default": 8,  # self-attention's Q, K, V and output; cross-attention's Q and output; W_1, W_2
+        "aten.add.Tensor": 3,  # the residual connections
+        "aten.native_layer_norm.default": 3,
+        "aten.index_copy_.default": 2,  # the step's keys and values, written into the search's caches
+        "aten._scaled_dot_product_flash_attention_for_cpu.default": 2,
+        "aten.mul.Tensor": 2,  # a query that may attend to no key attends to nothing
+        "aten.relu.default": 1,
+        **({"aten.index_select.default": 2} if beam_size > 1 else {}),  # the caches of the chosen beams
+    }, per_block
+
+
 def test_a_mixed_precision_model_decodes_through_keras_layer_calls():
     """Under mixed precision the layers need `Layer.__call__`'s dtype scope,
     so `CompiledFunction` must not call them directly (under torch, doing so

@@ -28,7 +28,10 @@ def while_loop(cond, body, loop_vars, maximum_iterations=None):
         return keras.ops.while_loop(cond, body, loop_vars, maximum_iterations=maximum_iterations)
     is_tuple = isinstance(loop_vars, (tuple, list))
     loop_vars = tuple(loop_vars) if is_tuple else (loop_vars,)
-    loop_vars = keras.tree.map_structure(keras.ops.convert_to_tensor, loop_vars)
+    # A trace is kept per shapes, not strides: the loop variables enter it
+    # contiguous (a search's first state can be a broadcast view), so that
+    # the caches it writes in place are writable at every replay.
+    loop_vars = keras.tree.map_structure(_contiguous, loop_vars)
     traced_body = loops.function(body, loop_vars)
     traced_cond = traced_body and loops.function(cond, loop_vars)
     if traced_cond is None:
@@ -152,6 +155,13 @@ class TracedLoops:
                 return torch.jit.trace(flat_function, inputs, check_trace=False)
         except Exception:  # noqa: BLE001 - what the tracer refuses runs eagerly
             return None
+
+
+def _contiguous(x):
+    import torch
+
+    x = keras.ops.convert_to_tensor(x)
+    return x if type(x) is not torch.Tensor or x.is_contiguous() else x.contiguous()
 
 
 def _structure(nest):

@@ -50,9 +50,9 @@ def onednn_linear():
     if not torch.backends.mkldnn.is_available():
         return None
     source = (
-        "def linear(x: Tensor, weight: Tensor) -> Tensor:\n"
+        "def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:\n"
         "    no_scalars: List[Optional[number]] = []\n"
-        '    return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", no_scalars, "")\n'
+        '    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", no_scalars, "")\n'
     )
     try:
         return torch.jit.CompilationUnit(source).linear
@@ -90,17 +90,19 @@ def pays(x, kernel):
     )
 
 
-def matrix_product(x, kernel):
-    """float x `[M, K]` times kernel `[K, N]`, without gradients: through
-    oneDNN where that pays, otherwise `torch.matmul`."""
+def matrix_product(x, kernel, bias=None):
+    """float x `[M, K]` times kernel `[K, N]`, plus `bias` `[N]` if given,
+    without gradients: through oneDNN where that pays, otherwise torch's
+    `matmul`, or its `linear`, which adds the bias inside the product (a
+    traced loop's optimizer splits `addmm` into a product and an add)."""
     import torch
 
     if pays(x, kernel):
         try:
-            return _linear()(x, kernel.t())
+            return _linear()(x, kernel.t(), bias)
         except RuntimeError:
             pass
-    return torch.matmul(x, kernel)
+    return torch.matmul(x, kernel) if bias is None else torch.nn.functional.linear(x, kernel.t(), bias)
 
 
 @functools.lru_cache(maxsize=64)
@@ -250,6 +252,36 @@ def einsum(equation, x, kernel):
                 if product is not None:
                     return product
     return ops.einsum(equation, x, kernel)
+
+
+def biased_product(x, kernel, bias, contracted=1):
+    """Under torch: float x `[..., K...]` times kernel `[K..., N...]` plus
+    `bias` `[N...]`, as one operation whose product adds the bias (`addmm`;
+    while decoding, `matrix_product`): on a GPU one kernel fewer, where a
+    torch step is bound by the host's launches. None elsewhere, and where
+    oneDNN takes a product with gradients; the caller then adds the bias
+    to `matmul`'s or `einsum`'s product."""
+    if not (bias is not None and keras.backend.backend() == "torch" and _torch_tensor(x) and x.is_floating_point()):
+        return None
+    import torch
+
+    kernel, bias = _kernel_value(kernel), _kernel_value(bias)
+    matrices = as_matrices(x, kernel, contracted)
+    if (
+        matrices is None
+        or not isinstance(bias, torch.Tensor)
+        or bias.dtype != x.dtype
+        or bias.device != x.device
+        or bias.shape != kernel.shape[contracted:]
+    ):
+        return None
+    rows, matrix, shape = matrices
+    bias = bias if bias.ndim == 1 else bias.reshape(-1)
+    if state.decoding():
+        return _shaped(matrix_product(rows, matrix, bias), shape)
+    if pays(rows, matrix):
+        return None  # oneDNN's product with gradients (`_product`) takes no bias
+    return _shaped(torch.addmm(bias, rows, matrix), shape)
 
 
 def int8_product(x, kernel, contracted):

@@ -15,9 +15,16 @@ update and scatters it, and its `slice` reads each start back to the host
 to narrow the input: on a GPU every such read waits for all the work queued
 before it, a dozen times a decoding step, so that the host cannot run ahead
 of the GPU. While decoding under torch, `slice_update` copies the cache and
-writes the update into a block of the copy, and both take a tensor start
+writes the update into a block of the copy (in a search's step, which holds
+its caches alone, into the cache itself), and both take a tensor start
 where it is, on the device, as an index (`index_copy_`, `index_select`);
 the same results.
+
+`take_rows` and `take_along_axis` gather with indices known to be in
+range (token ids, chosen beams). Keras's torch versions first cast the
+indices to int64 and map negative ones: three or four more operations a
+gather, that is a kernel each on a GPU, where a decoding step is bound by
+the host's launches. In torch's direct calls, they are torch's own gather.
 """
 
 import keras
@@ -34,7 +41,10 @@ def shape(x):
         import torch
 
         if type(x) is torch.Tensor:
-            return tuple(x.shape)
+            # ints while a loop is traced too (where torch gives 0-d
+            # tensors): a trace is kept per shapes, and ints are what a
+            # step's memo recognizes by value.
+            return tuple(int(size) for size in x.shape) if torch.jit.is_tracing() else tuple(x.shape)
     return ops.shape(x)
 
 
@@ -61,7 +71,10 @@ def slice_update(inputs, start_indices, updates):
             and len(start_indices) == inputs.ndim == updates.ndim
             and all(_is_integer(start) for start in start_indices)
         ):
-            outputs = inputs.clone()
+            # A search's own cache is written in place (a copy of every
+            # layer's cache a step, otherwise).
+            in_place = state.writes_in_place() and inputs.is_contiguous()  # not a broadcast view
+            outputs = inputs if in_place else inputs.clone()
             block, positions = outputs, None
             for dim, (start, length) in enumerate(zip(start_indices, updates.shape)):
                 if positions is None and not isinstance(start, int):
@@ -98,12 +111,44 @@ def slice(inputs, start_indices, shape):  # noqa: A001 - keras.ops.slice's name
     return ops.slice(inputs, start_indices, shape)
 
 
+def take_rows(x, rows):
+    """`keras.ops.take(x, rows, axis=0)` for int `rows`, none negative."""
+    if state.direct() and keras.backend.backend() == "torch":
+        import torch
+
+        if isinstance(x, keras.Variable):
+            x = keras_private.torch_value(x)
+        if isinstance(x, torch.Tensor) and type(rows) is torch.Tensor:
+            if x.ndim == 2:
+                return torch.nn.functional.embedding(rows, x)  # Keras's op for a table
+            if rows.ndim == 1:
+                return torch.index_select(x, 0, rows)
+    return ops.take(x, rows, axis=0)
+
+
+def take_along_axis(x, indices, axis):
+    """`keras.ops.take_along_axis(x, indices, axis)` for int `indices`, none
+    negative."""
+    if state.direct() and keras.backend.backend() == "torch":
+        import torch
+
+        if type(x) is torch.Tensor and type(indices) is torch.Tensor:
+            return torch.take_along_dim(x, indices.long(), dim=axis)
+    return ops.take_along_axis(x, indices, axis=axis)
+
+
 def _positions(start, length, device):
     """`start .. start + length - 1` for a tensor `start`, on `device`,
     without reading `start` back to the host."""
     import torch
 
-    return start.to(device=device, dtype=torch.int64).reshape(1) + torch.arange(length, device=device)
+    length = int(length)  # a size; a 0-d tensor while a loop is traced
+
+    def positions():
+        return start.to(device=device, dtype=torch.int64).reshape(1) + torch.arange(length, device=device)
+
+    # The blocks of a decoding step write their caches at the same positions.
+    return state.memoized(("positions", length, device), (start,), positions)
 
 
 def _is_integer(value):

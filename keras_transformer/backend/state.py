@@ -16,9 +16,11 @@ function it runs. Our layers and searches read it to choose how to compute:
 - `cast_weight(variable)`: in a mixed-precision torch train step, the
   compute-dtype copy of a float32 weight that the step made
   (`backend.step_casts`), or None;
-- `memoized(kind, inputs, make)`: in a torch step with direct calls,
-  what the attention layers derive from the model's masks (the same for
-  every layer of a stack), made once a step.
+- `memoized(kind, inputs, make)`: in a torch step with direct calls (a
+  train step, or a search's step), what the attention layers derive from
+  the model's masks (the same for every layer of a stack), made once a step;
+- `writes_in_place()`: in a search's step under torch's direct calls, the
+  self-attention caches are the search's alone, and written in place.
 
 Outside a decoding call every answer is False (or None), and our code runs
 Keras's own operations.
@@ -38,6 +40,7 @@ class _State(threading.local):
     float_int8 = False
     cast_weights = None
     memo = None
+    in_place = False
 
 
 _state = _State()
@@ -86,6 +89,27 @@ def step_memo():
         yield
     finally:
         _state.memo = outer
+
+
+@contextlib.contextmanager
+def search_step():
+    """Within this block, on this thread, a search's step: under torch's
+    direct calls, `memoized` computes each value once and the caches are
+    written in place (the search holds its caches alone and drops the old
+    ones); elsewhere nothing changes."""
+    if not _state.direct:
+        yield
+        return
+    outer = _state.memo, _state.in_place
+    _state.memo, _state.in_place = {}, True
+    try:
+        yield
+    finally:
+        _state.memo, _state.in_place = outer
+
+
+def writes_in_place():
+    return _state.in_place
 
 
 def memoized(kind, inputs, make):

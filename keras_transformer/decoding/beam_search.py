@@ -18,6 +18,8 @@ import numbers
 import keras
 from keras import ops
 
+from keras_transformer.backend import shapes
+from keras_transformer.backend.state import search_step
 from keras_transformer.decoding.search_loop import check_state_lengths
 from keras_transformer.decoding.search_loop import top_k
 from keras_transformer.decoding.search_loop import while_in_phases
@@ -144,12 +146,18 @@ def beam_search(
     # Scores can only fall to log P / lp(limit) for an alive hypothesis.
     best_possible_lp = length_penalty(sentence_max_length, alpha)  # [B]
 
+    # The first flat row of each sentence, for the 1, 2 and 3 times K rows
+    # a sentence has in the searches' gathers; made once, not every step.
+    first_rows = {
+        beams: ops.arange(batch_size)[:, None] * beams
+        for beams in (beam_size, 2 * beam_size, 3 * beam_size)
+    }
+
     def gather_beams(x, beam_indices):
         """x[b, beam_indices[b, j]] for `x` of `[B, K_old, ...]`."""
-        old_beams = ops.shape(x)[1]
-        flat_indices = beam_indices + ops.arange(batch_size)[:, None] * old_beams
+        flat_indices = beam_indices + first_rows[shapes.shape(x)[1]]
         flat = ops.reshape(x, (-1,) + tuple(ops.shape(x)[2:]))
-        gathered = ops.take(flat, ops.reshape(flat_indices, (-1,)), axis=0)
+        gathered = shapes.take_rows(flat, ops.reshape(flat_indices, (-1,)))
         return ops.reshape(
             gathered, (batch_size, ops.shape(beam_indices)[1]) + tuple(ops.shape(x)[2:])
         )
@@ -205,7 +213,8 @@ def beam_search(
         index = search["index"]
         alive_ids = search["alive_ids"]
         flat_ids = ops.reshape(alive_ids, (-1, max_length + 1))  # [B * K, L + 1]
-        logits, new_state = step_fn(flat_ids, index, search["state"])
+        with search_step():  # the state is the search's alone
+            logits, new_state = step_fn(flat_ids, index, search["state"])
         logits = ops.cast(logits, "float32")
         vocabulary_size = ops.shape(logits)[-1]
         # log softmax = logits - logsumexp(logits), with the logsumexp
@@ -241,10 +250,8 @@ def beam_search(
             ops.where(ends, NEG_INF, top_log_probs), beam_size
         )
         new_alive_ids = gather_beams(top_ids, alive_choice)
-        origin = ops.take_along_axis(top_beams, alive_choice, axis=1)  # [B, K]
-        state_rows = ops.reshape(
-            origin + ops.arange(batch_size)[:, None] * beam_size, (-1,)
-        )
+        origin = shapes.take_along_axis(top_beams, alive_choice, axis=1)  # [B, K]
+        state_rows = ops.reshape(origin + first_rows[beam_size], (-1,))
 
         # Finished: the old set and the ending extensions among the first K.
         among_first_k = ops.less(ops.arange(2 * beam_size), beam_size)[None, :]
@@ -267,13 +274,13 @@ def beam_search(
                 finished_choice,
             ),
             "finished_scores": finished_scores,
-            "finished_flags": ops.take_along_axis(
+            "finished_flags": shapes.take_along_axis(
                 ops.concatenate([search["finished_flags"], new_flags], axis=1),
                 finished_choice,
                 axis=1,
             ),
             "state": keras.tree.map_structure(
-                lambda x: ops.take(x, state_rows, axis=0), new_state
+                lambda x: shapes.take_rows(x, state_rows), new_state
             ),
         }
 
@@ -292,7 +299,7 @@ def beam_search(
     ids = gather_beams(
         ops.concatenate([search["finished_ids"], search["alive_ids"]], axis=1), choice
     )
-    scores = ops.take_along_axis(
+    scores = shapes.take_along_axis(
         ops.concatenate([search["finished_scores"], alive_scores], axis=1),
         choice,
         axis=1,
@@ -360,7 +367,8 @@ def greedy_search(
 
     def body(search):
         index, ids, finished = search["index"], search["ids"], search["finished"]
-        logits, state = step_fn(ids, index, search["state"])
+        with search_step():  # the state is the search's alone
+            logits, state = step_fn(ids, index, search["state"])
         logits = ops.cast(logits, "float32")
         # The best token is the first that reaches the largest logit: two
         # plain reductions, which XLA vectorizes better than its argmax.

@@ -53,8 +53,8 @@ class _ProductLayer(DirectCalls):
             ops.cast(sums, self.compute_dtype), self._output_scale(inputs_scale)
         )
 
-    def _finish(self, x):
-        if self.bias is not None:
+    def _finish(self, x, biased=False):
+        if self.bias is not None and not biased:
             biased = norms.add_bias(x, self.bias)
             x = ops.add(x, self.bias) if biased is None else biased
         if self.activation is not None:
@@ -66,6 +66,9 @@ class Dense(_ProductLayer, keras.layers.Dense):
     """`keras.layers.Dense`: y = activation(x W + b)."""
 
     def call(self, inputs, training=None):
+        biased = products.biased_product(inputs, self.kernel, self.bias)
+        if biased is not None:
+            return self._finish(biased, biased=True)
         return self._finish(products.matmul(inputs, self.kernel))
 
     def _contracted_axes(self):
@@ -79,6 +82,10 @@ class EinsumDense(_ProductLayer, keras.layers.EinsumDense):
     """`keras.layers.EinsumDense`: y = activation(einsum(x, W) + b)."""
 
     def call(self, inputs, training=None):
+        contracted = products.matrix_product_form(self.equation)
+        biased = contracted and products.biased_product(inputs, self.kernel, self.bias, contracted)
+        if biased is not None:
+            return self._finish(biased, biased=True)
         return self._finish(products.einsum(self.equation, inputs, self.kernel))
 
     def _contracted_axes(self):

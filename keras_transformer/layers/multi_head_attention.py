@@ -40,7 +40,11 @@ class _ConcatenatedHeadsDense(EinsumDense):
         kernel = self.kernel
         num_heads, head_dim, d_model = kernel.shape
         concatenated = reshape(inputs, (-1, num_heads * head_dim))
-        x = products.matmul(concatenated, reshape(kernel, (num_heads * head_dim, d_model)))
+        kernel = reshape(kernel, (num_heads * head_dim, d_model))
+        biased = products.biased_product(concatenated, kernel, self.bias)
+        if biased is not None:
+            return biased
+        x = products.matmul(concatenated, kernel)
         if self.bias is not None:
             biased = norms.add_bias(x, self.bias)
             x = ops.add(x, self.bias) if biased is None else biased

@@ -8,6 +8,7 @@ from keras import ops
 from keras import quantizers
 
 from keras_transformer.backend import products
+from keras_transformer.backend import shapes
 from keras_transformer.layers.calls import DirectCalls
 
 
@@ -77,7 +78,7 @@ class TokenEmbedding(DirectCalls, keras.layers.Layer):
         # token's row then sums in float32 under mixed precision. Summed in
         # bfloat16, a frequent token's stalls (256 + 1 == 256), and on a GPU
         # the 16-bit scatter of a batch's ~25,000 rows took 20% of a base step.
-        return self._scaled(ops.cast(ops.take(self.embeddings, inputs, axis=0), self.compute_dtype))
+        return self._scaled(ops.cast(shapes.take_rows(self.embeddings, inputs), self.compute_dtype))
 
     def _scaled(self, embedded):
         return embedded * ops.cast(math.sqrt(self.d_model), embedded.dtype)
