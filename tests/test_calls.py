@@ -247,61 +247,53 @@ def test_a_weight_read_both_as_a_copy_and_by_keras_gets_both_gradients():
         assert keras_private.torch_value(kernel) is not casts.copies[0]
 
 
-@pytest.mark.skipif(keras.backend.backend() != "torch", reason="the memo is for torch's eager step; TensorFlow and JAX trace a step once, and the compiler merges the layers' identical mask computations")
+def a_step_s_operations(monkeypatch, replaced=None):
+    """The names of the torch operations of a train step of a tiny model of
+    3 + 3 blocks (after a first step, which builds it), with `replaced`
+    `(module, name, value)` set for both steps; and its weights after."""
+    from conftest import torch_operations
+
+    keras.utils.set_random_seed(3)
+    model = kt.build_transformer("tiny", vocabulary_size=V, num_layers=3, dropout=0.0)
+    training.compile_model(model, warmup_steps=2)
+    x, y = batch()
+    with monkeypatch.context() as patch:
+        if replaced is not None:
+            patch.setattr(*replaced)
+        model.train_on_batch(x, y)
+        with torch_operations() as operations:
+            model.train_on_batch(x, y)
+    return [operation.__name__ for operation in operations.operations], model
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="only torch's step is eager; TensorFlow and JAX compile the step, and XLA adds each bias inside its product's fusion")
 def test_a_torch_step_adds_each_bias_inside_its_product(monkeypatch):
     """Under torch, each projection with a bias is one `addmm` (a kernel
     fewer on a GPU, where a step is bound by the host's launches), not a
     product and an `add`: the same step, to float32 rounding."""
-    from conftest import torch_operations
-
     from keras_transformer.backend import products
 
-    def step(fused):
-        keras.utils.set_random_seed(3)
-        model = kt.build_transformer("tiny", vocabulary_size=V, num_layers=3, dropout=0.0)
-        training.compile_model(model, warmup_steps=2)
-        x, y = batch()
-        with monkeypatch.context() as patch:
-            if not fused:
-                patch.setattr(products, "biased_product", lambda *args, **kwargs: None)
-            model.train_on_batch(x, y)  # builds, calling the model once more
-            with torch_operations() as operations:
-                model.train_on_batch(x, y)
-        names = [operation.__name__ for operation in operations.operations]
-        biased = [
-            layer for layer in model._flatten_layers() if isinstance(layer, keras.layers.Dense | keras.layers.EinsumDense) and layer.bias is not None
-        ]
-        return names.count("addmm.default"), names.count("add.Tensor"), len(biased), model.get_weights()
-
-    addmm, adds, biased, weights = step(True)
-    apart_addmm, apart_adds, _, apart_weights = step(False)
+    names, model = a_step_s_operations(monkeypatch)
+    apart, apart_model = a_step_s_operations(monkeypatch, (products, "biased_product", lambda *args, **kwargs: None))
+    biased = [
+        layer for layer in model._flatten_layers() if isinstance(layer, keras.layers.Dense | keras.layers.EinsumDense) and layer.bias is not None
+    ]
     # 3 + 3 blocks: 6 projections an encoder block, 10 a decoder block.
-    assert biased == 48
-    assert (addmm, apart_addmm) == (biased, 0)
-    assert apart_adds - adds == biased
-    for got, want in zip(weights, apart_weights):
+    assert len(biased) == 48
+    assert (names.count("addmm.default"), apart.count("addmm.default")) == (48, 0)
+    assert apart.count("add.Tensor") - names.count("add.Tensor") == 48
+    for got, want in zip(model.get_weights(), apart_model.get_weights()):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="the memo is for torch's eager step; TensorFlow and JAX trace a step once, and the compiler merges the layers' identical mask computations")
 def test_a_torch_step_derives_each_stack_s_attention_mask_once(monkeypatch):
     """In a torch train step, the attention layers of a stack get the same
     masks and derive their merged, additive and no-key masks from them once
     a step, not once a layer: the same weights after the step."""
-    import contextlib
-
-    from conftest import torch_operations
 
     def step(memo):
-        keras.utils.set_random_seed(3)
-        model = kt.build_transformer("tiny", vocabulary_size=V, num_layers=3, dropout=0.0)
-        training.compile_model(model, warmup_steps=2)
-        x, y = batch()
-        with monkeypatch.context() as patch:
-            if not memo:
-                patch.setattr(state, "step_memo", contextlib.nullcontext)
-            with torch_operations() as operations:
-                model.train_on_batch(x, y)
-        names = [operation.__name__ for operation in operations.operations]
+        names, model = a_step_s_operations(monkeypatch, None if memo else (state, "step_memo", contextlib.nullcontext))
         return names.count("any.dim"), model.get_weights()
 
     once, weights = step(True)

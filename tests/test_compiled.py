@@ -62,6 +62,22 @@ def test_the_compiled_search_equals_the_search_through_keras_layer_calls(model, 
         assert translator._search.loops.count == 2 * phases
 
 
+def search_of_every_step(model, beam_size, steps):
+    """A compiled search of two sentences that runs `steps` steps past
+    their 5 tokens (EOS never ends it), called once (which traces its
+    loops), and its inputs."""
+    source_ids = np.array([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]], "int32")
+    search = CompiledFunction(
+        lambda source, limits: search_translations(
+            model, source, limits, beam_size=beam_size, alpha=0.6, max_extra_length=steps, bos_id=2, eos_id=-1
+        ),
+        model, [2, 1],
+    )  # fmt: skip
+    limits = np.full((2,), 5 + steps, "int32")
+    search(source_ids, limits)
+    return search, source_ids, limits
+
+
 @pytest.mark.skipif(keras.backend.backend() != "torch", reason="counts what torch's step-by-step search reads back to the host; under TensorFlow and JAX the search is one compiled loop, which reads nothing back between steps")
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_a_torch_search_reads_one_value_back_a_step(model, beam_size):
@@ -72,17 +88,9 @@ def test_a_torch_search_reads_one_value_back_a_step(model, beam_size):
     cache writes where they are (it read a dozen values a step)."""
     import torch
 
-    source_ids = np.array([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]], "int32")
     reads = {}
     for steps in (8, 16):
-        search = CompiledFunction(
-            lambda source, limits: search_translations(
-                model, source, limits, beam_size=beam_size, alpha=0.6, max_extra_length=steps, bos_id=2, eos_id=-1  # no EOS: every step runs
-            ),
-            model, [2, 1],
-        )  # fmt: skip
-        limits = np.full((2,), 5 + steps, "int32")
-        search(source_ids, limits)  # traces
+        search, source_ids, limits = search_of_every_step(model, beam_size, steps)
         with torch_operations() as dispatched:
             ids = to_numpy(search(source_ids, limits)[0])
         assert search.loops.count > 0 and np.count_nonzero(ids[:, 0] > 0, axis=1).min() >= steps
@@ -109,21 +117,13 @@ def test_a_torch_search_step_launches_only_each_block_s_arithmetic(beam_size):
 
     aten = torch.ops.aten
     no_kernel = {aten.empty.memory_format, aten.empty_strided.default, aten._unsafe_view.default, aten.scalar_tensor.default}
-    source_ids = np.array([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]], "int32")
 
     def kernels_a_step(num_layers):
         keras.utils.set_random_seed(0)
         model = kt.build_transformer("tiny", vocabulary_size=40, num_layers=num_layers, d_model=16, d_ff=32, num_heads=2)
         counts = {}
         for steps in (4, 8):  # caches of at most 16 positions: one phase
-            search = CompiledFunction(
-                lambda source, limits: search_translations(
-                    model, source, limits, beam_size=beam_size, alpha=0.6, max_extra_length=steps, bos_id=2, eos_id=-1  # no EOS: every step runs
-                ),
-                model, [2, 1],
-            )  # fmt: skip
-            limits = np.full((2,), 5 + steps, "int32")
-            search(source_ids, limits)  # traces
+            search, source_ids, limits = search_of_every_step(model, beam_size, steps)
             with torch_operations() as dispatched:
                 search(source_ids, limits)
             counts[steps] = collections.Counter(
