@@ -147,6 +147,33 @@ def test_a_torch_search_step_launches_only_each_block_s_arithmetic(beam_size):
     }, per_block
 
 
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="only torch's traced search writes its caches in place; TensorFlow and JAX compile the search, and XLA reuses buffers itself")
+def test_a_torch_search_of_one_sentence_writes_its_caches_in_place(model):
+    """The beams of one sentence start from a broadcast view of its caches
+    (Keras's torch `repeat` of one row), which cannot be written in place.
+    The loop takes its variables contiguous, so that its traced step writes
+    each cache in place, copying none a step, and finds what the search
+    through Keras's calls finds."""
+    import torch
+
+    source_ids, limits = np.array([[5, 6, 7, 8, 3]], "int32"), np.array([12], "int32")
+
+    def search(source, limits):
+        return search_translations(model, source, limits, beam_size=4, alpha=0.6, max_extra_length=7, bos_id=2, eos_id=-1)
+
+    compiled = CompiledFunction(search, model, [2, 1])
+    compiled(source_ids, limits)  # traces
+    with torch_operations() as dispatched:
+        ids, scores = compiled(source_ids, limits)
+    assert compiled.loops.count > 0 and compiled.loops.refused == 0
+    # A contiguous copy of each block's self-attention keys and values as
+    # the loop starts (its caches fit one phase), none at the 7 steps.
+    assert dispatched.operations.count(torch.ops.aten.clone.default) == 2 * model.num_layers
+    want_ids, want_scores = search(keras.ops.convert_to_tensor(source_ids), keras.ops.convert_to_tensor(limits))
+    np.testing.assert_array_equal(ids, to_numpy(want_ids))
+    np.testing.assert_allclose(scores, to_numpy(want_scores), atol=1e-4)
+
+
 def test_a_mixed_precision_model_decodes_through_keras_layer_calls():
     """Under mixed precision the layers need `Layer.__call__`'s dtype scope,
     so `CompiledFunction` must not call them directly (under torch, doing so
