@@ -64,6 +64,7 @@ def main():
     parser.add_argument("--output-length", type=int, default=40)
     parser.add_argument("--steps", type=int, default=20, help="steps a step's figures are taken over")
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--num-layers", type=int, default=SIZE["num_layers"], help="blocks a stack (the base preset's 6)")
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args()
     import torch
@@ -84,14 +85,15 @@ def main():
             f"{args.output_length + args.steps}, in {phases[0]} and {phases[1]} phases"
         )
     torch.set_num_threads(1)
+    size = SIZE | {"num_layers": args.num_layers}
     keras.utils.set_random_seed(0)
-    model = kt.build_transformer("base", **SIZE)
-    marian = random_marian(SIZE)
+    model = kt.build_transformer("base", **size)
+    marian = random_marian(size)
     lengths = (args.output_length, args.output_length + args.steps)
     rng = np.random.default_rng(0)
     rows = []
     for batch_size in args.batch_sizes:
-        source_ids = rng.integers(4, SIZE["vocabulary_size"] - 2, (batch_size, args.source_length + 1)).astype("int32")
+        source_ids = rng.integers(4, size["vocabulary_size"] - 2, (batch_size, args.source_length + 1)).astype("int32")
         source_ids[:, -1] = 3  # EOS
         for beam_size in (1, 4):
             decoders = {
@@ -123,7 +125,7 @@ def main():
             print(f"batch {batch_size}, {search}: ours / transformers, speed: {row['ours_speed_over_transformers']:.2f}x", flush=True)
     if args.json:
         with open(args.json, "w") as file:
-            json.dump({"size": SIZE, "rows": rows, "torch": torch.__version__}, file, indent=1)
+            json.dump({"size": size, "rows": rows, "torch": torch.__version__}, file, indent=1)
 
 
 if __name__ == "__main__":

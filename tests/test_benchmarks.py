@@ -232,15 +232,15 @@ def test_torch_decoding_host_counts_a_step_of_ours_and_of_transformers(tmp_path)
     out = tmp_path / "decoding_host.json"
     stdout = run_benchmark(
         "torch_decoding_host.py", "--batch-sizes", "2", "--source-length", "4", "--output-length", "17",
-        "--steps", "2", "--rounds", "1", "--json", str(out),
+        "--steps", "2", "--rounds", "1", "--num-layers", "2", "--json", str(out),
     )  # fmt: skip
     rows = json.loads(out.read_text())["rows"]
     assert [(row["batch_size"], row["beam_size"]) for row in rows] == [(2, 1), (2, 4)]
     for row in rows:
         for name in ("ours", "transformers"):
             figures = row[name]
-            # The base's 6 decoder blocks: dozens of kernels a step, and views.
-            assert 100 < figures["computing_operations"] < figures["operations"]
+            # 2 decoder blocks: dozens of kernels a step, and views.
+            assert 30 < figures["computing_operations"] < figures["operations"]
         # Ours replays a trace of the step, without Python between its
         # operations; transformers' `generate` runs its modules from Python.
         assert row["ours"]["function_calls"] < 100 < 1000 < row["transformers"]["function_calls"]
