@@ -34,10 +34,17 @@ def layer_norm(layer, inputs):
 
     original = inputs.dtype
     x = inputs if original in (torch.float32, torch.float64) else inputs.to(torch.float32)
-    gamma = None if layer.gamma is None else keras_private.torch_value(layer.gamma).to(x.dtype)
-    beta = None if layer.beta is None else keras_private.torch_value(layer.beta).to(x.dtype)
+    gamma = None if layer.gamma is None else _as(keras_private.torch_value(layer.gamma), x.dtype)
+    beta = None if layer.beta is None else _as(keras_private.torch_value(layer.beta), x.dtype)
     normalized = torch.nn.functional.layer_norm(x, (x.shape[-1],), gamma, beta, layer.epsilon)
-    return normalized.to(original).to(getattr(torch, layer.compute_dtype))
+    return _as(_as(normalized, original), getattr(torch, layer.compute_dtype))
+
+
+def _as(tensor, dtype):
+    """`tensor.to(dtype)`, without the call where the dtype is already
+    `dtype` (one operation less for a traced loop to replay, and for the
+    host to dispatch, at each layer norm of a float32 step)."""
+    return tensor if tensor.dtype == dtype else tensor.to(dtype)
 
 
 def add_bias(x, bias):
