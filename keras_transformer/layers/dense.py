@@ -53,8 +53,8 @@ class _ProductLayer(DirectCalls):
             ops.cast(sums, self.compute_dtype), self._output_scale(inputs_scale)
         )
 
-    def _finish(self, x, biased=False):
-        if self.bias is not None and not biased:
+    def _finish(self, x, bias_added=False):
+        if self.bias is not None and not bias_added:
             biased = norms.add_bias(x, self.bias)
             x = ops.add(x, self.bias) if biased is None else biased
         if self.activation is not None:
@@ -68,7 +68,7 @@ class Dense(_ProductLayer, keras.layers.Dense):
     def call(self, inputs, training=None):
         biased = products.biased_product(inputs, self.kernel, self.bias)
         if biased is not None:
-            return self._finish(biased, biased=True)
+            return self._finish(biased, bias_added=True)
         return self._finish(products.matmul(inputs, self.kernel))
 
     def _contracted_axes(self):
@@ -85,7 +85,7 @@ class EinsumDense(_ProductLayer, keras.layers.EinsumDense):
         contracted = products.matrix_product_form(self.equation)
         biased = contracted and products.biased_product(inputs, self.kernel, self.bias, contracted)
         if biased is not None:
-            return self._finish(biased, biased=True)
+            return self._finish(biased, bias_added=True)
         return self._finish(products.einsum(self.equation, inputs, self.kernel))
 
     def _contracted_axes(self):
