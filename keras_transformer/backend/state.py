@@ -100,12 +100,13 @@ def search_step():
     if not _state.direct:
         yield
         return
-    outer = _state.memo, _state.in_place
-    _state.memo, _state.in_place = {}, True
+    outer = _state.in_place
+    _state.in_place = True
     try:
-        yield
+        with step_memo():
+            yield
     finally:
-        _state.memo, _state.in_place = outer
+        _state.in_place = outer
 
 
 def writes_in_place():
