@@ -1,5 +1,5 @@
-"""The command line: prepare data, train, translate, score a test set, plot
-attention, export.
+"""The command line: prepare data, train, translate, score a test set, tune
+the search on a validation set, plot attention, export.
 
     python -m keras_transformer prepare --source train.en --target train.de \
         --output data/mine --vocabulary-size 8000
@@ -9,6 +9,8 @@ attention, export.
     python -m keras_transformer translate --model-dir runs/quickstart < in.en > out.de
     python -m keras_transformer evaluate --model-dir runs/quickstart \\
         --source runs/quickstart/test.en --reference runs/quickstart/test.de
+    python -m keras_transformer tune --model-dir runs/quickstart \\
+        --source runs/quickstart/valid.en --reference runs/quickstart/valid.de --save
     python -m keras_transformer plot-attention --model-dir runs/quickstart \\
         --text "The old man sees the dog." --output runs/attention.png
     python -m keras_transformer export --model-dir runs/quickstart --name quickstart
@@ -96,20 +98,26 @@ def translate(args):
     _write_lines(translator.translate(_read_input(args.input)), args.output)
 
 
+def _read_pairs(args, kind):
+    """The `--source` and `--reference` lines: a `kind` of aligned pairs."""
+    sources = read_lines(args.source)
+    references = read_lines(args.reference)
+    if not sources:
+        raise SystemExit(f"error: {args.source} has no lines; expected a {kind}, one sentence per line.")
+    if len(sources) != len(references):
+        raise SystemExit(
+            f"error: {args.source} has {len(sources)} lines but "
+            f"{args.reference} has {len(references)}; a {kind} needs one "
+            "reference line per source line."
+        )
+    return sources, references
+
+
 def evaluate(args):
     import sacrebleu.metrics
 
     _check_writable(args.output)
-    sources = read_lines(args.source)
-    references = read_lines(args.reference)
-    if not sources:
-        raise SystemExit(f"error: {args.source} has no lines; expected a test set, one sentence per line.")
-    if len(sources) != len(references):
-        raise SystemExit(
-            f"error: {args.source} has {len(sources)} lines but "
-            f"{args.reference} has {len(references)}; a test set needs one "
-            "reference line per source line."
-        )
+    sources, references = _read_pairs(args, "test set")
     translator = _load_translator(args)
     hypotheses = translator.translate(sources)
     if args.output:
@@ -124,6 +132,21 @@ def evaluate(args):
         score = metric.corpus_score(hypotheses, [references])
         print(score)
         print(f"  signature: {metric.get_signature()}")
+
+
+def tune(args):
+    from keras_transformer.decoding.translator import CONFIG_FILE
+    from keras_transformer.scoring import tune_search
+
+    sources, references = _read_pairs(args, "validation set")
+    translator = _load_translator(args)
+    print(f"{len(sources)} sentences of {args.source}")
+    best, _ = tune_search(translator, sources, references, args.alphas, args.beam_sizes, log=_log)
+    print(f"best: beam {best['beam_size']}, alpha {best['alpha']} (BLEU {best['bleu']:.2f})")
+    if args.save:
+        translator.with_search(beam_size=best["beam_size"], alpha=best["alpha"]).save_settings(args.model_dir)
+        path = os.path.join(args.model_dir, CONFIG_FILE)
+        print(f"saved in {path}: translate, evaluate and export now search with it")
 
 
 def plot_attention(args):
@@ -391,6 +414,18 @@ def main(argv=None):
     command.add_argument("--reference", required=True, help="reference translations, aligned")
     command.add_argument("--output", help="also write the translations here")
     command.set_defaults(run=evaluate)
+
+    command = add_command("tune", help="choose the beam size and length penalty on held-out pairs (section 6.1)")
+    _add_search_arguments(command)
+    command.add_argument("--source", required=True, help="held-out source sentences (validation, never the test set)")
+    command.add_argument("--reference", required=True, help="their reference translations, aligned")
+    command.add_argument(
+        "--alphas", type=float, nargs="+", default=[0.6, 0.8, 1.0, 1.2, 1.4], metavar="ALPHA",
+        help="length penalties to try (default: 0.6 0.8 1.0 1.2 1.4)",
+    )
+    command.add_argument("--beam-sizes", type=int, nargs="+", metavar="N", help="beam sizes to try (default: the saved one)")
+    command.add_argument("--save", action="store_true", help="write the best into --model-dir's translator.json")
+    command.set_defaults(run=tune)
 
     command = add_command("plot-attention", help="a cross-attention heatmap as PNG")
     _add_search_arguments(command)

@@ -178,11 +178,12 @@ def main(args):
     with open(os.path.join(args.model_dir, BACKEND_FILE), "w") as file:
         file.write(backend + "\n")
     sources, references = list(test_corpus.sources), list(test_corpus.targets)
-    for language, lines in (("en", sources), ("de", references)):
-        with open(os.path.join(args.model_dir, f"test.{language}"), "w", encoding="utf-8") as file:
-            file.write("".join(line + "\n" for line in lines))
-    print(f"Saved the translator (model, vocabulary, search settings) and the test split "
-          f"(test.en, test.de) in {args.model_dir}; use them with")
+    for split, corpus in (("valid", valid_corpus), ("test", test_corpus)):
+        for language, lines in (("en", corpus.sources), ("de", corpus.targets)):
+            with open(os.path.join(args.model_dir, f"{split}.{language}"), "w", encoding="utf-8") as file:
+                file.write("".join(line + "\n" for line in lines))
+    print(f"Saved the translator (model, vocabulary, search settings) and the validation and test "
+          f"splits (valid.en, valid.de, test.en, test.de) in {args.model_dir}; use them with")
     print(f"  python -m keras_transformer translate --model-dir {args.model_dir} < {args.model_dir}/test.en")
     print(f"  python -m keras_transformer export --model-dir {args.model_dir}   # a SavedModel for TF Serving")
 

@@ -128,6 +128,8 @@ def test_the_quick_start_trains_translates_and_scores(workdir):
     translator = kt.Translator.load(workdir / "runs" / "quickstart")
     assert (translator.beam_size, translator.alpha) == (4, 0.6)
     assert (workdir / "runs" / "quickstart" / "test.en").is_file()
+    valid = (workdir / "runs" / "quickstart" / "valid.en").read_text().splitlines()
+    assert len(valid) == len((workdir / "runs" / "quickstart" / "valid.de").read_text().splitlines()) == 500
 
 
 def test_the_quick_start_runs_under_this_backend(workdir, tmp_path):
@@ -182,6 +184,8 @@ def test_the_readme_command_line_examples_print_what_they_show(workdir, capsys, 
         if arguments[3] == "evaluate":
             bleu = float(re.search(r"BLEU = ([\d.]+)", "\n".join(printed)).group(1))
             assert bleu >= 98.0
+        if arguments[3] == "tune":
+            assert re.search(r"^best: beam 4, alpha (0\.6|1\.0) \(BLEU [\d.]+\)$", "\n".join(printed), re.M)
     source = (workdir / "runs" / "quickstart" / "test.en").read_text().splitlines()
     assert len((workdir / "runs" / "quickstart" / "test.out").read_text().splitlines()) == len(source)
     assert (workdir / "runs" / "attention.png").read_bytes()[:4] == b"\x89PNG"

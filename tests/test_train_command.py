@@ -302,9 +302,14 @@ def test_multi30k_recipe_smoke_mode_trains_and_scores_test2016(tmp_path):
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["direction"] == "de-en"
     assert results["config"]["train_source"][0].endswith("train.de")
+    # alpha chosen on val for the saved translator, then test2016 scored at it
+    tuning = results["val_alpha_tuning"]
+    assert [(r["beam_size"], r["alpha"]) for r in tuning] == [(4, 0.6), (4, 1.0), (4, 1.4)]
+    alpha = max(tuning, key=lambda r: r["bleu"])["alpha"]
+    assert json.loads((tmp_path / "run" / "translator.json").read_text())["alpha"] == alpha
     assert [(r["model"], r["search"]) for r in results["test2016"]] == [
-        ("last checkpoint", "greedy"), ("last checkpoint", "beam 4, alpha 0.6"),
-        ("average of last 2", "greedy"), ("average of last 2", "beam 4, alpha 0.6"),
+        ("last checkpoint", "greedy"), ("last checkpoint", f"beam 4, alpha {alpha}"),
+        ("average of last 2", "greedy"), ("average of last 2", f"beam 4, alpha {alpha}"),
     ]
     assert all(r["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a") for r in results["test2016"])
     assert len((tmp_path / "run" / "test2016.hyp").read_text().splitlines()) == 8

@@ -161,3 +161,68 @@ def test_version_and_help_are_quiet():
     result = run_command("translate", "--help")
     assert result.returncode == 0 and "--verbose" in result.stdout.decode()
     assert result.stderr.decode() == ""
+
+
+
+def tune_pairs(model_dir, tmp_path, alpha):
+    """`SENTENCES` with their translations at `alpha` as references, written
+    to valid.en and valid.<alpha>.de."""
+    sources = [s for s in SENTENCES if s.strip()]
+    references = Translator.load(model_dir, alpha=alpha).translate(sources)
+    (tmp_path / "valid.en").write_text("\n".join(sources) + "\n", encoding="utf-8")
+    (tmp_path / f"valid.{alpha}.de").write_text("\n".join(references) + "\n", encoding="utf-8")
+    return sources, references
+
+
+def test_tune_search_scores_each_length_penalty_and_picks_the_best(model_dir, tmp_path):
+    from keras_transformer.scoring import score_translations
+    from keras_transformer.scoring import tune_search
+
+    short = tune_pairs(model_dir, tmp_path, 0.0)[1]
+    sources, long = tune_pairs(model_dir, tmp_path, 3.0)
+    assert short != long  # the premise: the penalty changes some translations
+    translator = Translator.load(model_dir)
+    lines = []
+    best, results = tune_search(translator, sources, long, [0.0, 3.0], log=lines.append)
+    assert [(r["beam_size"], r["alpha"]) for r in results] == [(2, 0.0), (2, 3.0)]
+    assert results[0]["bleu"] == score_translations(short, long)["bleu"] < 100.0
+    assert results[1]["bleu"] == 100.0 and best is results[1]
+    assert len(lines) == 2 and lines[1].startswith("beam 2, alpha 3.0: BLEU 100.00, chrF 100.00, BP 1.000")
+    assert (translator.beam_size, translator.alpha) == (2, 0.6)  # the translator is not changed
+
+
+def test_cli_tune_saves_the_best_search_in_the_model_directory(model_dir, tmp_path, capsys):
+    import json
+    import shutil
+
+    tune_pairs(model_dir, tmp_path, 0.0)
+    directory = tmp_path / "translator"
+    shutil.copytree(model_dir, directory)
+    arguments = [
+        "tune", "--model-dir", str(directory), "--source", str(tmp_path / "valid.en"),
+        "--reference", str(tmp_path / "valid.0.0.de"),
+    ]
+    cli.main([*arguments, "--alphas", "3", "0", "--save"])
+    printed = capsys.readouterr().out
+    assert "beam 2, alpha 3.0: BLEU " in printed
+    assert "best: beam 2, alpha 0.0 (BLEU 100.00)" in printed
+    saved = Translator.load(directory)
+    assert (saved.beam_size, saved.alpha, saved.max_extra_length) == (2, 0.0, 6)
+    # Without --save the directory keeps its settings; beam sizes are tried too.
+    cli.main([*arguments, "--alphas", "1", "--beam-sizes", "1"])
+    assert "best: beam 1, alpha 1.0" in capsys.readouterr().out
+    assert json.loads((directory / "translator.json").read_text())["alpha"] == 0.0
+
+
+def test_cli_tune_reports_bad_settings_and_files_in_one_line(model_dir, tmp_path):
+    (tmp_path / "valid.en").write_text("one\ntwo\n", encoding="utf-8")
+    (tmp_path / "valid.de").write_text("eins\nzwei\n", encoding="utf-8")
+    (tmp_path / "short.de").write_text("eins\n", encoding="utf-8")
+    arguments = ["tune", "--model-dir", str(model_dir), "--source", str(tmp_path / "valid.en")]
+    good = [*arguments, "--reference", str(tmp_path / "valid.de")]
+    with pytest.raises(SystemExit, match="error: alpha must be a finite number >= 0. Received: alpha=-1"):
+        cli.main([*good, "--alphas", "0.6", "-1"])
+    with pytest.raises(SystemExit, match="error: beam_size must be an integer >= 1. Received: beam_size=0"):
+        cli.main([*good, "--beam-sizes", "0"])
+    with pytest.raises(SystemExit, match="valid.en has 2 lines but .*short.de has 1; a validation set"):
+        cli.main([*arguments, "--reference", str(tmp_path / "short.de")])

@@ -124,6 +124,22 @@ class Translator:
         )
         self._search = CompiledFunction(search_batch, self.model, input_ranks=(2, 1), jit_compile=jit_compile)
 
+    def with_search(self, beam_size=None, alpha=None):
+        """This translator with another beam size or length penalty: the
+        same model (quantized or not), tokenizer and other settings."""
+        other = Translator(
+            self.model,
+            self.tokenizer,
+            beam_size=self.beam_size if beam_size is None else beam_size,
+            alpha=self.alpha if alpha is None else alpha,
+            max_extra_length=self.max_extra_length,
+            max_source_length=self.max_source_length,
+            batch_size=self.batch_size,
+            jit_compile=self.jit_compile,
+        )
+        other.quantize = self.quantize  # its model is this one's, already quantized
+        return other
+
     def translate(self, texts):
         """Translates each string; returns a list of strings, aligned."""
         return [hypotheses[0][0] for hypotheses in self.n_best(texts)]
@@ -262,6 +278,11 @@ class Translator:
         with atomic_path(os.path.join(directory, MODEL_FILE)) as temporary:
             self.model.save(temporary)
         self.tokenizer.save(directory)
+        self.save_settings(directory)
+
+    def save_settings(self, directory):
+        """Writes only the search settings (`translator.json`), as `tune
+        --save` does for a directory `save` wrote."""
         write_atomically(os.path.join(directory, CONFIG_FILE), json.dumps(self.get_config(), indent=2))
 
     @classmethod
