@@ -12,10 +12,12 @@
 # names share the part before "_" share a JAX compilation cache
 # (XDG_CACHE_HOME=runs/recipe_on_gpu/cache_<part>), so "b4_cold" then
 # "b4_warm" times a first run and a repeated one. A run stopped at LIMIT_S
-# seconds is reported and not scored. Logs and hypotheses go to $OUT if set,
-# else runs/recipe_on_gpu.
+# seconds is reported and not scored. With TUNE_ALPHAS="0.6 1.0 ...", each
+# finished run's alpha is then chosen on val (`tune --save`, timed apart)
+# before test2016 is scored. Logs and hypotheses go to $OUT if set, else
+# runs/recipe_on_gpu.
 set -u
-if [ $# -lt 4 ]; then sed -n 2,17p "$0"; exit 2; fi
+if [ $# -lt 4 ]; then sed -n 2,19p "$0"; exit 2; fi
 data=$1; steps=$2; limit=$3; shift 3
 root=runs/recipe_on_gpu; out=${OUT:-${root}}; mkdir -p "${root}" "${out}"
 export PYTHONUNBUFFERED=1
@@ -41,6 +43,12 @@ for run in "$@"; do
   status=$?
   echo "== ${name} (${options:-as the recipe}): exit ${status} after $(( ($(date +%s%N) - begin) / 1000000 )) ms"
   grep -E "^batches:|^step (500|3000|${steps})/|at step (3000|${steps}) |saved the translator|rror" "${out}/${name}.log" | cut -c1-220
+  if [ ${status} = 0 ] && [ -n "${TUNE_ALPHAS:-}" ]; then
+    begin=$(date +%s%N)
+    python3 -m keras_transformer tune --model-dir "${root}/${name}" --source "${data}/val.en" \
+      --reference "${data}/val.de" --alphas ${TUNE_ALPHAS} --save 2>&1 | grep -E "^beam|^best|rror" | cut -c1-160
+    echo "   val tuning in $(( ($(date +%s%N) - begin) / 1000000 )) ms"
+  fi
   if [ ${status} = 0 ]; then
     begin=$(date +%s%N)
     python3 -m keras_transformer evaluate --model-dir "${root}/${name}" --source "${data}/test2016.en" \
