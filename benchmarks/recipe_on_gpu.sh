@@ -17,7 +17,7 @@
 # before test2016 is scored. Logs and hypotheses go to $OUT if set, else
 # runs/recipe_on_gpu.
 set -u
-if [ $# -lt 4 ]; then sed -n 2,19p "$0"; exit 2; fi
+if [ $# -lt 4 ]; then sed -n 2,18p "$0"; exit 2; fi
 data=$1; steps=$2; limit=$3; shift 3
 root=runs/recipe_on_gpu; out=${OUT:-${root}}; mkdir -p "${root}" "${out}"
 export PYTHONUNBUFFERED=1
