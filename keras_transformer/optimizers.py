@@ -33,6 +33,12 @@ class Adam(keras.optimizers.Adam):
         Those of `keras.optimizers.Adam`.
     """
 
+    def apply(self, grads, trainable_variables=None):
+        # Under torch, without Keras's walks over the variables each step
+        # where they change nothing (`backend/fused_adam.py`).
+        if not fused_adam.apply(self, grads, trainable_variables):
+            super().apply(grads, trainable_variables)
+
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
         if keras.backend.backend() == "torch":
             import torch

@@ -175,6 +175,57 @@ def test_under_torch_adam_updates_all_variables_at_once(amsgrad):
     assert not np.allclose(to_numpy(variables[1]), 1.0)
 
 
+@pytest.mark.skipif(
+    keras.backend.backend() != "torch",
+    reason="Keras's per-variable walks in `apply` are skipped under torch only; the updates' values are checked on every backend above",
+)
+@pytest.mark.filterwarnings("ignore:Gradients do not exist")
+def test_under_torch_adam_applies_as_keras_s_apply_and_keeps_its_checks(monkeypatch):
+    """Our `apply` finds once per list of variables what Keras's finds each
+    step (each variable known, none constrained or overwritten with its
+    gradient) and then updates as Keras's `apply` does, bit for bit; a
+    constraint, a missing gradient or an unknown variable take Keras's own
+    `apply`, with its behaviour and errors."""
+    from keras_transformer.backend import fused_adam
+
+    rng = np.random.default_rng(0)
+    start = [rng.normal(size=(4, 3)).astype("float32") for _ in range(3)]
+    grads = [[rng.normal(size=w.shape).astype("float32") for w in start] for _ in range(4)]
+
+    def trained(fast, constraint=None):
+        if not fast:
+            monkeypatch.setattr(fused_adam, "apply", lambda *arguments: False)
+        variables = [keras.Variable(w) for w in start]
+        variables[2].constraint = constraint
+        optimizer = transformer_adam(16, warmup_steps=10)
+        optimizer.build(variables)
+        checks = []
+        check = optimizer._check_variables_are_known
+        monkeypatch.setattr(optimizer, "_check_variables_are_known", lambda v: checks.append(1) or check(v))
+        for step, step_grads in enumerate(grads):
+            tensors = [keras.ops.convert_to_tensor(g) for g in step_grads]
+            if step == 2:
+                tensors[1] = None  # an unused variable's gradient
+            optimizer.apply(tensors, variables)
+        monkeypatch.undo()
+        assert int(optimizer.iterations.numpy()) == 4
+        return [to_numpy(v) for v in variables], len(checks)
+
+    (fast, fast_checks), (keras_s, keras_checks) = trained(True), trained(False)
+    for mine, theirs in zip(fast, keras_s):
+        np.testing.assert_array_equal(mine, theirs)
+    assert (fast_checks, keras_checks) == (2, 4)  # once for the list, once in the step without a gradient
+    # A constrained variable: Keras's apply, constraint and all.
+    (bounded, _), (bounded_keras, _) = trained(True, keras.constraints.NonNeg()), trained(False, keras.constraints.NonNeg())
+    assert bounded[2].min() >= 0 and start[2].min() < 0
+    for mine, theirs in zip(bounded, bounded_keras):
+        np.testing.assert_array_equal(mine, theirs)
+    optimizer = transformer_adam(16, warmup_steps=10)
+    optimizer.build([keras.Variable(start[0])])
+    with pytest.raises(ValueError, match="Unknown variable"):
+        optimizer.apply([keras.ops.ones((4, 3))], [keras.Variable(start[1])])
+
+
 def test_paper_adam_is_ours_and_round_trips():
     optimizer = keras.optimizers.deserialize(
         keras.optimizers.serialize(transformer_adam(256, 100, clipnorm=1.0))

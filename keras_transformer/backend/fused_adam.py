@@ -14,12 +14,51 @@ version"): with the paper's epsilon = 1e-9 the updates differ only where
 sqrt(v) is within a few orders of magnitude of it.
 """
 
+import itertools
+import operator
 import weakref
 
 import keras
 
 # Per optimizer, per tuple of variable ids: the lists the kernel takes.
 _lists = weakref.WeakKeyDictionary()
+# Per optimizer, per tuple of variable ids: the variables, and whether
+# Keras's `apply` would update them all as they are (`apply` below).
+_plain = weakref.WeakKeyDictionary()
+
+
+def apply(optimizer, grads, variables):
+    """Keras's `optimizer.apply(grads, variables)` under torch, where it
+    comes to the update alone: each variable known to the optimizer, none
+    overwritten with its gradient, none constrained, no gradient missing,
+    no loss scale. Keras's `apply` walks every variable three times a step
+    to find that out (about 2,000 Python calls at the base preset, while a
+    GPU waits); here it is found once per list of variables. Then, as in
+    Keras's: clipping, weight decay, the update, the moving average and
+    the step count. Returns False, having done nothing, elsewhere."""
+    if (
+        keras.backend.backend() != "torch"
+        or variables is None
+        or not optimizer.built
+        or optimizer.loss_scale_factor is not None
+        or not grads
+        or any(map(operator.is_, grads, itertools.repeat(None)))
+    ):
+        return False
+    per_optimizer = _plain.setdefault(optimizer, {})
+    key = tuple(map(id, variables))
+    known = per_optimizer.get(key)
+    # Ids are reused once a variable is freed: the variables must be these.
+    if known is None or not all(map(operator.is_, known[0], variables)):
+        variables = tuple(variables)
+        optimizer._check_variables_are_known(variables)  # Keras's error for one it was not built on
+        plain = not any(v.overwrite_with_gradient or v.constraint is not None for v in variables)
+        known = per_optimizer[key] = (variables, plain)
+    if not known[1]:
+        return False
+    optimizer._backend_apply_gradients(list(grads), list(known[0]))
+    optimizer.iterations.assign_add(1)
+    return True
 
 
 def update(optimizer, grads, variables, learning_rate):
@@ -27,7 +66,7 @@ def update(optimizer, grads, variables, learning_rate):
     would, at step `optimizer.iterations + 1`. Returns False, having done
     nothing, where the fused kernel does not apply: amsgrad, gradient
     accumulation, or variables that are not one float dtype on one device."""
-    from torch.optim.adam import adam
+    import torch
 
     if keras.backend.backend() != "torch" or optimizer.amsgrad or optimizer.gradient_accumulation_steps:
         return False
@@ -39,26 +78,31 @@ def update(optimizer, grads, variables, learning_rate):
     if lists is False:
         return False
     parameters, momentums, velocities, steps, step_views = lists
-    # Each variable's step, as torch's kernel counts it: it adds 1 to
-    # Keras's count of steps taken, read on the device (no wait for it).
-    steps.fill_(optimizer.iterations.value)
-    adam(
+    # Each variable's step, as torch's kernel counts it: Keras's count of
+    # steps taken, plus 1, on the device (no wait for it).
+    steps.fill_(optimizer.iterations.value).add_(1)
+    if isinstance(learning_rate, torch.Tensor) and learning_rate.device.type != "cpu":
+        learning_rate = learning_rate.to(parameters[0].device, non_blocking=True)
+    # torch's fused kernel as `torch.optim.adam.adam(..., fused=True)` calls
+    # it for one device and dtype, without its walks over the lists.
+    torch._fused_adam_(
         parameters,
         # The kernel walks a gradient's memory in its parameter's order, and
         # autograd gives a kernel used transposed a transposed view.
-        [gradient.contiguous() for gradient in grads],
+        list(map(torch.Tensor.contiguous, grads)),
         momentums,
         velocities,
         [],
         step_views,
-        fused=True,
         amsgrad=False,
+        lr=learning_rate,
         beta1=optimizer.beta_1,
         beta2=optimizer.beta_2,
-        lr=learning_rate,
         weight_decay=0.0,
         eps=optimizer.epsilon,
         maximize=False,
+        grad_scale=None,
+        found_inf=None,
     )
     return True
 
