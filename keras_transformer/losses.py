@@ -1,5 +1,7 @@
 """Label-smoothed cross-entropy, section 5.4."""
 
+import math
+
 import keras
 from keras import ops
 
@@ -63,6 +65,15 @@ def non_padding_mask(labels, padding_id):
     return ops.cast(ops.not_equal(labels, padding_id), "float32")
 
 
+def _size(x):
+    """The number of entries of `x`: a Python number where its shape is
+    known (Keras's torch `size` takes about 300 Python calls), else a
+    float32 tensor."""
+    if all(isinstance(dimension, int) for dimension in x.shape):
+        return float(math.prod(x.shape))
+    return ops.cast(ops.size(x), "float32")
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class LabelSmoothedCrossEntropy(keras.losses.Loss):
     """Cross-entropy against targets smoothed with eps_ls (section 5.4).
@@ -115,7 +126,7 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         # Keras reduces these values to their mean over all B * T positions
         # (and scales it for distributed training). Weighting real tokens by
         # (B * T) / real_tokens makes that mean the mean over real tokens.
-        positions = ops.cast(ops.size(mask), "float32")
+        positions = _size(mask)
         weights = mask * positions / ops.maximum(ops.sum(mask), 1.0)
         return per_token * weights
 

@@ -3,9 +3,25 @@
 import keras
 from keras import ops
 
+from keras_transformer.backend import keras_private
+from keras_transformer.backend import state
 from keras_transformer.backend.cross_entropy import label_logit
 from keras_transformer.backend.cross_entropy import largest_logit
 from keras_transformer.losses import label_negative_log_likelihood, non_padding_mask
+
+
+def _weighted_tokens(labels, padding_id, sample_weight):
+    """float32 `[B, T]`: each real token's weight (1, or its sample's), 0
+    at padding; and their sum. Made once a step for all our metrics in a
+    torch step of direct calls (`backend.state.memoized`)."""
+
+    def weighted():
+        mask = non_padding_mask(labels, padding_id)
+        if sample_weight is not None:
+            mask = mask * ops.cast(sample_weight, "float32")
+        return mask, ops.sum(mask)
+
+    return state.memoized(("weighted tokens", padding_id), (labels, sample_weight), weighted)
 
 
 class _TokenMetric(keras.metrics.Metric):
@@ -25,11 +41,9 @@ class _TokenMetric(keras.metrics.Metric):
         )
 
     def update_state(self, y_true, y_pred, sample_weight=None):
-        mask = non_padding_mask(y_true, self.padding_id)
-        if sample_weight is not None:
-            mask = mask * ops.cast(sample_weight, "float32")
-        self.total.assign_add(ops.sum(self.per_token(y_true, y_pred) * mask))
-        self.count.assign_add(ops.sum(mask))
+        mask, tokens = _weighted_tokens(y_true, self.padding_id, sample_weight)
+        keras_private.assign_add(self.total, ops.sum(self.per_token(y_true, y_pred) * mask))
+        keras_private.assign_add(self.count, tokens)
 
     def mean(self):
         return self.total / ops.maximum(self.count, 1.0)
@@ -94,10 +108,7 @@ class TargetTokens(_TokenMetric):
         super().__init__(padding_id=padding_id, name=name, **kwargs)
 
     def update_state(self, y_true, y_pred, sample_weight=None):
-        mask = non_padding_mask(y_true, self.padding_id)
-        if sample_weight is not None:
-            mask = mask * ops.cast(sample_weight, "float32")
-        self.count.assign_add(ops.sum(mask))
+        keras_private.assign_add(self.count, _weighted_tokens(y_true, self.padding_id, sample_weight)[1])
 
     def result(self):
         # A computed tensor, not the variable: JAX cannot trace a variable

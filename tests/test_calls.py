@@ -2,6 +2,7 @@
 (keras_transformer/layers/calls.py, backend/state.py's `direct_steps`)."""
 
 import contextlib
+import types
 
 import keras
 import numpy as np
@@ -304,3 +305,29 @@ def test_a_torch_step_derives_each_stack_s_attention_mask_once(monkeypatch):
     for got, want in zip(weights, per_layer_weights):
         np.testing.assert_array_equal(got, want)
     assert state.memoized("kind", (1,), lambda: []) is not state.memoized("kind", (1,), lambda: [])  # no memo outside a step
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="torch's step runs its metrics eagerly; TensorFlow and JAX trace them into the step, where the compiler merges the masks and fuses the adds")
+def test_a_torch_step_s_metrics_share_one_mask_and_add_in_place(monkeypatch):
+    """Our token metrics derive the non-padding mask and its sum once a
+    torch step for all of them, and add to their totals in place (one
+    operation each, where Keras's `assign_add` makes a sum and copies it
+    in): the same results as Keras's arithmetic."""
+    from keras_transformer import metrics
+    from keras_transformer.backend import keras_private
+
+    def step(replaced=None):
+        names, model = a_step_s_operations(monkeypatch, replaced)
+        return names, {name: float(value) for name, value in model.get_metrics_result().items()}
+
+    names, results = step()
+    unshared, unshared_results = step((metrics, "state", types.SimpleNamespace(memoized=lambda kind, inputs, make: make())))
+    keras_s, keras_s_results = step((keras_private, "assign_add", lambda variable, value: variable.assign_add(value)))
+    # Three metrics, each deriving the mask (`ne`) and summing it: one of each.
+    assert unshared.count("ne.Tensor") - names.count("ne.Tensor") == 2
+    assert unshared.count("sum.default") - names.count("sum.default") == 2
+    # Five additions (two totals a metric, one for the tokens' count).
+    assert names.count("add_.Tensor") - keras_s.count("add_.Tensor") == 5
+    assert keras_s.count("copy_.default") - names.count("copy_.default") == 5
+    assert results == unshared_results == keras_s_results
+    assert set(results) >= {"masked_token_accuracy", "perplexity", "target_tokens"}
