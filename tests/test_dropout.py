@@ -117,4 +117,8 @@ def test_under_torch_a_seeded_mask_is_drawn_in_one_pass():
     draws = [operation for operation in counted.operations if operation.name().startswith("aten::bernoulli")]
     assert draws == [aten.bernoulli_.Tensor], names
     assert not {aten.full.default, aten._to_copy.default} & set(counted.operations), names
+    # The zero of `where` made once, not a scalar tensor a call.
+    assert aten.scalar_tensor.default not in counted.operations, names
     assert set(np.unique(to_numpy(dropped))) <= {0.0, np.float32(1 / 0.7)}
+    halves = backend_random.dropout(torch.ones(4, 6, 8, dtype=torch.bfloat16), 0.3, None, dropout.seed_generator)
+    assert halves.dtype == torch.bfloat16 and float(halves.max()) == float(torch.tensor(1 / 0.7, dtype=torch.bfloat16))

@@ -81,8 +81,10 @@ def _dropout_with_host_seed():
     # One generator per device and thread, seeded anew for each mask: the
     # draws of a new generator with that seed, without making one each time.
     generators = threading.local()
-    # Per device and rate, the keep probability as a float32 scalar there.
+    # Per device and rate, the keep probability as a float32 scalar there;
+    # per device and dtype, a zero (a Python 0.0 is made a tensor per call).
     probabilities = {}
+    zeros = {}
 
     # torch's compiler does not take generators (as Keras's backend notes).
     @torch._dynamo.disable
@@ -105,6 +107,9 @@ def _dropout_with_host_seed():
         keep.bernoulli_(probability.expand(inputs.shape), generator=generator)
         # A zero where Keras's has `zeros_like(inputs)`: the same values, one
         # operation less.
-        return torch.where(keep, inputs / keep_probability, 0.0)
+        zero = zeros.get((inputs.device, inputs.dtype))
+        if zero is None:
+            zero = zeros[(inputs.device, inputs.dtype)] = torch.zeros((), dtype=inputs.dtype, device=inputs.device)
+        return torch.where(keep, inputs / keep_probability, zero)
 
     return dropout_with_host_seed
