@@ -38,7 +38,8 @@ def tune_search(translator, sources, references, alphas, beam_sizes=None, log=No
         translator: a `Translator`; its model and other settings are kept.
         sources, references: the held-out pairs, aligned lists of strings.
         alphas: the length penalty exponents to try.
-        beam_sizes: the beam sizes to try (default: the translator's).
+        beam_sizes: the beam sizes to try (default: the translator's); beam
+            1, greedy search, at the first alpha only.
         log: called with a line for each setting as it is scored.
 
     Returns:
@@ -60,11 +61,12 @@ def tune_search(translator, sources, references, alphas, beam_sizes=None, log=No
             "Tuning needs one reference per source. Received: "
             f"{len(sources)} sources and {len(references)} references"
         )
-    # Every setting is checked before any is decoded.
+    # Every setting is checked before any is decoded; greedy search (beam
+    # 1) has no length penalty, so it is decoded once.
     searches = [
         (beam_size, alpha, translator.with_search(beam_size=beam_size, alpha=alpha))
         for beam_size in beam_sizes
-        for alpha in alphas
+        for alpha in (alphas if beam_size != 1 else alphas[:1])
     ]
     results = []
     for beam_size, alpha, search in searches:

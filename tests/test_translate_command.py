@@ -209,8 +209,9 @@ def test_cli_tune_saves_the_best_search_in_the_model_directory(model_dir, tmp_pa
     saved = Translator.load(directory)
     assert (saved.beam_size, saved.alpha, saved.max_extra_length) == (2, 0.0, 6)
     # Without --save the directory keeps its settings; beam sizes are tried too.
-    cli.main([*arguments, "--alphas", "1", "--beam-sizes", "1"])
-    assert "best: beam 1, alpha 1.0" in capsys.readouterr().out
+    cli.main([*arguments, "--alphas", "1", "2", "--beam-sizes", "1"])
+    printed = capsys.readouterr().out
+    assert "best: beam 1, alpha 1.0" in printed and "alpha 2.0" not in printed  # greedy: no penalty to try
     assert json.loads((directory / "translator.json").read_text())["alpha"] == 0.0
 
 
