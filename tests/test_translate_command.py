@@ -191,6 +191,7 @@ def test_tune_search_scores_each_length_penalty_and_picks_the_best(model_dir, tm
     assert (translator.beam_size, translator.alpha) == (2, 0.6)  # the translator is not changed
 
 
+@in_one_pass("torch", "the command's files and lines; each backend's search is tune_search's test above")
 def test_cli_tune_saves_the_best_search_in_the_model_directory(model_dir, tmp_path, capsys):
     import json
     import shutil
@@ -215,6 +216,7 @@ def test_cli_tune_saves_the_best_search_in_the_model_directory(model_dir, tmp_pa
     assert json.loads((directory / "translator.json").read_text())["alpha"] == 0.0
 
 
+@in_one_pass("torch", "the command's checks of its arguments and files, the same under every backend")
 def test_cli_tune_reports_bad_settings_and_files_in_one_line(model_dir, tmp_path):
     (tmp_path / "valid.en").write_text("one\ntwo\n", encoding="utf-8")
     (tmp_path / "valid.de").write_text("eins\nzwei\n", encoding="utf-8")
