@@ -85,7 +85,7 @@ def configuration(args):
         average=5,
         valid_bleu_sentences=None,
         beam_size=4,
-        alpha=0.6,
+        alpha=1.4,  # chosen on val (docs/results.md); tuned again after training
         seed=args.seed,
     )
     if args.smoke:
