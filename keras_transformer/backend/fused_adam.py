@@ -20,11 +20,28 @@ import weakref
 
 import keras
 
-# Per optimizer, per tuple of variable ids: the lists the kernel takes.
-_lists = weakref.WeakKeyDictionary()
-# Per optimizer, per tuple of variable ids: the variables, and whether
-# Keras's `apply` would update them all as they are (`apply` below).
-_plain = weakref.WeakKeyDictionary()
+# Per optimizer, per tuple of variable ids: what `_listed` found.
+_found = weakref.WeakKeyDictionary()
+
+
+def _listed(find, optimizer, variables):
+    """`find(optimizer, variables)`, found once per optimizer and list of
+    variables: `apply` and `update` run each step on the same list."""
+    per_optimizer = _found.setdefault(optimizer, {})
+    key = tuple(map(id, variables))
+    found = per_optimizer.get(key)
+    # Ids are reused once a variable is freed: the variables must be these.
+    if found is None or not all(map(operator.is_, found["variables"], variables)):
+        found = per_optimizer[key] = {"variables": tuple(variables)}
+    if find not in found:
+        found[find] = find(optimizer, found["variables"])
+    return found[find]
+
+
+def _plain(optimizer, variables):
+    """Whether Keras's `apply` would update `variables` as they are."""
+    optimizer._check_variables_are_known(variables)  # Keras's error for one it was not built on
+    return not any(v.overwrite_with_gradient or v.constraint is not None for v in variables)
 
 
 def apply(optimizer, grads, variables):
@@ -45,18 +62,9 @@ def apply(optimizer, grads, variables):
         or any(map(operator.is_, grads, itertools.repeat(None)))
     ):
         return False
-    per_optimizer = _plain.setdefault(optimizer, {})
-    key = tuple(map(id, variables))
-    known = per_optimizer.get(key)
-    # Ids are reused once a variable is freed: the variables must be these.
-    if known is None or not all(map(operator.is_, known[0], variables)):
-        variables = tuple(variables)
-        optimizer._check_variables_are_known(variables)  # Keras's error for one it was not built on
-        plain = not any(v.overwrite_with_gradient or v.constraint is not None for v in variables)
-        known = per_optimizer[key] = (variables, plain)
-    if not known[1]:
+    if not _listed(_plain, optimizer, variables):
         return False
-    optimizer._backend_apply_gradients(list(grads), list(known[0]))
+    optimizer._backend_apply_gradients(list(grads), list(variables))
     optimizer.iterations.assign_add(1)
     return True
 
@@ -70,11 +78,7 @@ def update(optimizer, grads, variables, learning_rate):
 
     if keras.backend.backend() != "torch" or optimizer.amsgrad or optimizer.gradient_accumulation_steps:
         return False
-    per_optimizer = _lists.setdefault(optimizer, {})
-    key = tuple(map(id, variables))
-    lists = per_optimizer.get(key)
-    if lists is None:
-        lists = per_optimizer[key] = _fused_lists(optimizer, variables)
+    lists = _listed(_fused_lists, optimizer, variables)
     if lists is False:
         return False
     parameters, momentums, velocities, steps, step_views = lists
