@@ -74,6 +74,37 @@ def kernel_time(directory):
     return _summary(by_name, spans, host_lines)
 
 
+def operation_time(directory, module="train_step"):
+    """`({operation: seconds}, programs)` per XLA operation (as named in the
+    optimized module, `xla_parts.py`) in the newest trace under
+    `directory`, and the modules' numbers where the trace gives them: on a
+    GPU, its "XLA Ops" line (or its kernels' `hlo_op`); else XLA:CPU's,
+    whose operations run on the host's threads. Only `module`'s operations
+    where the trace names each operation's module."""
+    from jax.profiler import ProfileData
+
+    paths = sorted(glob.glob(os.path.join(directory, "**", "*.xplane.pb"), recursive=True), key=os.path.getmtime)
+    if not paths:
+        return {}, []
+    planes = list(ProfileData.from_file(paths[-1]).planes)
+    gpu = [plane for plane in planes if plane.name.startswith("/device:GPU")]
+    ops_lines = [line for plane in gpu for line in plane.lines if line.name == "XLA Ops"]
+    if gpu and not ops_lines:
+        ops_lines = [line for plane in gpu for line in plane.lines if line.name.startswith("Stream")]
+    if not gpu:
+        ops_lines = [line for plane in planes if plane.name.startswith("/host:") for line in plane.lines]
+    times, programs = collections.Counter(), collections.Counter()
+    for line in ops_lines:
+        for event in line.events:
+            stats = dict(event.stats)
+            operation = stats.get("hlo_op") or (event.name if line.name == "XLA Ops" else None)
+            if operation and module in str(stats.get("hlo_module", module)):
+                times[operation] += event.duration_ns / 1e9
+                if "program_id" in stats:
+                    programs[int(stats["program_id"])] += 1
+    return dict(times), [program for program, _ in programs.most_common()]
+
+
 @contextlib.contextmanager
 def torch_traced():
     """`torch.profiler` recording the GPU's kernels (CUDA activity only: the

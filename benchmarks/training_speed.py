@@ -60,6 +60,10 @@ Keras ones; under torch every one, `torch.profiler`) and
 prints the GPU's kernel time by kind (matmuls, fused attention, the rest
 of XLA's fusions, scatters, copies), the kernels that took longest, and the
 GPU's idle time with the host's work in its longest gaps (`device_trace.py`).
+Under JAX it also sums the time of XLA's operations per part of the model
+(attention, layer norm, dropout, loss, Adam, ..., forward and backward:
+`xla_parts.py`, from the optimized modules XLA writes for it), on a GPU
+or, on a CPU, in thread-seconds.
 """
 
 import argparse
@@ -788,6 +792,18 @@ def profile_turns(args, contenders, results):
         results[contender.name]["device_trace"] = summary and summary | {"wall_seconds": seconds}
         print(f"\n{contender.name}, one traced turn of {args.steps} steps:")
         print("no GPU kernels in the trace" if summary is None else device_trace.markdown(summary, seconds, args.steps))
+        if args.dump:
+            import xla_parts
+
+            times, programs = device_trace.operation_time(directory)
+            found = xla_parts.module_of(times, xla_parts.operations(args.dump), programs)
+            results[contender.name]["xla_parts"] = parts = xla_parts.by_part(times, found)
+            # Time in operations the module names: what the table can place.
+            named = sum(seconds for operation, seconds in times.items() if operation in found)
+            where = "on the GPU" if summary is not None else "thread-seconds on the CPU"
+            print(f"\nXLA's operations by part of the model ({where}; {named / (sum(times.values()) or 1):.0%} "
+                  "of their time in operations the optimized module names):")
+            print(xla_parts.markdown(parts, args.steps))
 
 
 def corpus_note(args):
@@ -901,6 +917,15 @@ def main():
     if args.profile and keras.backend.backend() not in ("jax", "torch"):
         parser.error(f"--profile reads JAX's or torch's trace; the backend is {keras.backend.backend()}")
     args.jit_compile = {"auto": "auto", "true": True, "false": False}[args.jit_compile]
+    args.dump = None
+    if args.profile and keras.backend.backend() == "jax":
+        import tempfile
+
+        import xla_parts
+
+        # Read when JAX starts its first device, which nothing has yet.
+        args.dump = tempfile.mkdtemp(prefix="xla_modules_")
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {xla_parts.dump_flags(args.dump)}".strip()
     report = run(args)
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -200,3 +200,75 @@ def test_a_torch_step_of_ours_launches_fewer_operations_than_torch_nn_transforme
         theirs.train(1)
     counts = len(ours_count.operations), len(theirs_count.operations)
     assert 0 < counts[0] <= counts[1], counts
+
+
+# An optimized module as XLA writes it, cut down: a product fused on its
+# own, a layer norm, the loss's gradient fused into the logits' cast (whose
+# own name stack is the model's), and a copy that names nothing.
+OPTIMIZED_MODULE = """\
+HloModule jit_train_step, entry_computation_layout={(f32[4,8]{1,0})->f32[4,8]{1,0}}
+
+%fused_computation.1 (param_0.1: bf16[4,8], param_1.1: bf16[8,8]) -> bf16[4,8] {
+  %param_0.1 = bf16[4,8]{1,0} parameter(0)
+  %param_1.1 = bf16[8,8]{1,0} parameter(1)
+  ROOT %dot.1 = bf16[4,8]{1,0} dot(%param_0.1, %param_1.1), lhs_contracting_dims={1}, rhs_contracting_dims={0}, metadata={op_name="jit(train_step)/jvp(decoder_block_0)/cross_attention/query/dot_general"}
+}
+
+%fused_computation.2 (param_0.2: f32[4,8]) -> bf16[4,8] {
+  %param_0.2 = f32[4,8]{1,0} parameter(0)
+  %exponential.2 = f32[4,8]{1,0} exponential(%param_0.2), metadata={op_name="jit(train_step)/transpose(jvp(compile_loss))/label_smoothed_cross_entropy/exp"}
+  %multiply.2 = f32[4,8]{1,0} multiply(%exponential.2, %exponential.2), metadata={op_name="jit(train_step)/transpose(jvp(compile_loss))/label_smoothed_cross_entropy/mul"}
+  ROOT %convert.2 = bf16[4,8]{1,0} convert(%multiply.2), metadata={op_name="jit(train_step)/transpose(jvp())/convert_element_type"}
+}
+
+ENTRY %main.9 (Arg_0.1: f32[4,8]) -> f32[4,8] {
+  %Arg_0.1 = f32[4,8]{1,0} parameter(0)
+  %query_fusion = bf16[4,8]{1,0} fusion(%Arg_0.1, %Arg_0.1), kind=kOutput, calls=%fused_computation.1, metadata={op_name="jit(train_step)/jvp(decoder_block_0)/cross_attention/query/dot_general"}
+  %norm_fusion = f32[4,8]{1,0} fusion(%Arg_0.1), kind=kLoop, calls=%fused_computation.3, metadata={op_name="jit(train_step)/transpose(jvp(encoder_block_1))/feed_forward_norm/reduce_sum"}
+  %multiply_convert_fusion = bf16[4,8]{1,0} fusion(%Arg_0.1), kind=kLoop, calls=%fused_computation.2, metadata={op_name="jit(train_step)/transpose(jvp())/convert_element_type"}
+  ROOT %copy.7 = f32[4,8]{1,0} copy(%Arg_0.1)
+}
+"""
+
+
+def test_xla_s_operations_are_summed_by_the_part_of_the_model_they_came_from(tmp_path):
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    import xla_parts
+
+    (tmp_path / "module_0042.jit_train_step.sm_9.0_gpu_after_optimizations.txt").write_text(OPTIMIZED_MODULE)
+    modules = xla_parts.operations(str(tmp_path))
+    assert set(modules) == {42}
+    found = modules[42]
+    assert found["query_fusion"][1:] == (True, False)  # a product, forward
+    assert found["multiply_convert_fusion"][1:] == (False, True)  # backward
+    times = {"query_fusion": 0.004, "norm_fusion": 0.002, "multiply_convert_fusion": 0.003, "copy.7": 0.001,
+             "fusion.from_another_module": 0.005}
+    parts = xla_parts.by_part(times, found)
+    assert parts["attention projections"] == {"forward": 0.004, "backward": 0.0, "matmul": 0.004}
+    assert parts["layer norm"] == {"forward": 0.0, "backward": 0.002, "matmul": 0.0}
+    assert parts["loss and metrics"] == {"forward": 0.0, "backward": 0.003, "matmul": 0.0}
+    assert parts[xla_parts.OTHER]["forward"] == pytest.approx(0.006)
+    assert list(parts)[0] == xla_parts.OTHER  # the most time first
+    assert "| attention projections | 2.00 | 0.00 | 2.00 | 27% |" in xla_parts.markdown(parts, steps=2)
+    # The module a trace ran: the one it names, else the one naming most of its time.
+    assert xla_parts.module_of(times, {7: {}, 42: found}, programs=[7]) == {}
+    assert xla_parts.module_of(times, {7: {}, 42: found}) is found
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="reads XLA's optimized modules, which JAX compiles")
+def test_a_profiled_jax_turn_reports_its_time_by_part_of_the_model(tmp_path):
+    out = tmp_path / "speed.json"
+    result = subprocess.run(
+        [sys.executable, SCRIPT, "--size", "tiny", "--steps", "2", "--rounds", "1", "--contenders",
+         "--precision", "mixed_bfloat16", "--profile", "--out", str(out)],
+        env=dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3"),
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    parts = json.loads(out.read_text())["contenders"]["ours"]["xla_parts"]
+    assert "XLA's operations by part of the model (thread-seconds on the CPU; 100% of their time" in result.stdout
+    for part in ("dropout", "layer norm", "Adam update", "attention projections", "feed-forward"):
+        assert parts[part]["forward"] + parts[part]["backward"] > 0, part
+    # Products in the backward pass (each layer's two gradients), none in Adam's.
+    assert parts["feed-forward"]["backward"] > 0 and parts["feed-forward"]["matmul"] > 0
+    assert parts["Adam update"]["matmul"] == 0
