@@ -299,3 +299,41 @@ def test_matrix_product_form_of_einsum_equations():
     assert matrix_product_form("abc,cd->abd") == 1
     for equation in ("ab,cb->ac", "ab,bc->ca", "btnh,bsnh->bnts", "a,a->", "...d,dn->...n", "ab,bc,cd->ad", "aab,bc->ac"):
         assert matrix_product_form(equation) is None, equation
+
+
+def test_the_logits_product_in_float32_is_the_cast_product_or_finer():
+    rng = np.random.default_rng(0)
+    x = keras.ops.cast(rng.normal(size=(2, 3, 16)), "bfloat16")
+    kernel = keras.ops.cast(rng.normal(size=(16, 40)), "bfloat16")
+    exact = to_numpy(keras.ops.cast(x, "float32")) @ to_numpy(keras.ops.cast(kernel, "float32"))
+    rounded = to_numpy(keras.ops.cast(keras.ops.matmul(x, kernel), "float32"))
+    logits = backend_products.float32_matmul(x, kernel)
+    assert keras.backend.standardize_dtype(logits.dtype) == "float32"
+    logits = to_numpy(logits)
+    if keras.backend.backend() == "jax":
+        # Accumulated and written in float32: not rounded to bfloat16's 8 bits.
+        np.testing.assert_allclose(logits, exact, rtol=1e-5, atol=1e-5)
+        assert np.abs(logits - exact).max() < np.abs(rounded - exact).max() / 10
+    else:
+        np.testing.assert_array_equal(logits, rounded)
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="JAX's own gradient (custom_vjp)")
+def test_under_jax_the_float32_logits_have_the_cast_product_s_gradients():
+    import jax
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.normal(size=(2, 3, 16)), jnp.bfloat16)
+    kernel = jnp.asarray(rng.normal(size=(16, 40)), jnp.bfloat16)
+    weights = jnp.asarray(rng.normal(size=(2, 3, 40)), jnp.float32)
+
+    def loss(product):
+        return lambda x, kernel: jnp.sum(weights * product(x, kernel))
+
+    ours = jax.grad(loss(backend_products.float32_matmul), argnums=(0, 1))(x, kernel)
+    cast = jax.grad(loss(lambda x, kernel: jnp.matmul(x, kernel).astype(jnp.float32)), argnums=(0, 1))(x, kernel)
+    for mine, theirs in zip(ours, cast):
+        assert mine.dtype == jnp.bfloat16 and mine.shape == theirs.shape
+        # The same cotangent cast to bfloat16, then the same two products.
+        np.testing.assert_array_equal(np.float32(mine), np.float32(theirs))

@@ -178,6 +178,10 @@ def test_a_mixed_precision_model_decodes_through_keras_layer_calls():
     """Under mixed precision the layers need `Layer.__call__`'s dtype scope,
     so `CompiledFunction` must not call them directly (under torch, doing so
     fails on a bfloat16 input to a float32 kernel)."""
+    # Seeded: a random model's logits nearly tie, and under JAX its float32
+    # logits (not rounded to bfloat16) take XLA's fused bfloat16 work and
+    # the eager one's apart, which flips a near-tied choice for 3 seeds in 12.
+    keras.utils.set_random_seed(0)
     keras.config.set_dtype_policy("mixed_bfloat16")
     try:
         model = kt.build_transformer("tiny", vocabulary_size=300)

@@ -236,6 +236,45 @@ def matmul(x, kernel):
     return ops.matmul(x, kernel)
 
 
+def float32_matmul(x, kernel):
+    """x `[..., K]` times kernel `[K, N]`, in float32 whatever their dtype.
+
+    Under JAX a 16-bit product is accumulated and written in float32
+    (`preferred_element_type`), where a product in their dtype and a cast
+    round it to 16 bits and pass over the `[..., N]` result again: for the
+    logits, the largest tensor of a step. Its gradient is the same as the
+    cast product's: the cotangent cast to the inputs' dtype, then the two
+    products in it. Elsewhere the product, then the cast.
+    """
+    if keras.backend.backend() == "jax" and ops.dtype(x) != "float32" and ops.dtype(x) == ops.dtype(kernel):
+        return _jax_float32_matmul()(x, kernel)
+    return ops.cast(matmul(x, kernel), "float32")
+
+
+@functools.cache
+def _jax_float32_matmul():
+    import jax
+    import jax.numpy as jnp
+
+    @jax.custom_vjp
+    def product(x, kernel):
+        return jnp.matmul(x, kernel, preferred_element_type=jnp.float32)
+
+    def forward(x, kernel):
+        return product(x, kernel), (x, kernel)
+
+    def backward(residuals, cotangent):
+        x, kernel = residuals
+        cotangent = cotangent.astype(x.dtype)
+        rows = cotangent.reshape(-1, cotangent.shape[-1])
+        x_gradient = jnp.matmul(cotangent, kernel.T)
+        kernel_gradient = jnp.matmul(x.reshape(-1, x.shape[-1]).T, rows)
+        return x_gradient, kernel_gradient
+
+    product.defvjp(forward, backward)
+    return product
+
+
 def einsum(equation, x, kernel):
     """`keras.ops.einsum(equation, x, kernel)` of a layer's input and kernel."""
     if keras.backend.backend() == "torch" and _torch_tensor(x) and x.is_floating_point():

@@ -44,6 +44,8 @@ class TokenEmbedding(DirectCalls, keras.layers.Layer):
         inputs: integer ids `[B, T]`, or states `[B, T, d_model]` with
             `reverse=True`.
         reverse: project states onto the vocabulary instead of embedding ids.
+        float32: with `reverse`, the logits in float32, not rounded to the
+            compute dtype first where the backend can (`backend/products.py`).
 
     Returns:
         `[B, T, d_model]` embeddings, or `[B, T, vocabulary_size]` logits.
@@ -71,9 +73,12 @@ class TokenEmbedding(DirectCalls, keras.layers.Layer):
             )
         self.built = True
 
-    def call(self, inputs, reverse=False):
+    def call(self, inputs, reverse=False, float32=False):
         if reverse:
-            return products.matmul(inputs, ops.transpose(ops.cast(self.embeddings, self.compute_dtype)))
+            kernel = ops.transpose(ops.cast(self.embeddings, self.compute_dtype))
+            if float32:
+                return products.float32_matmul(inputs, kernel)
+            return products.matmul(inputs, kernel)
         # Rows looked up in E's own dtype, then cast: the gradient of a
         # token's row then sums in float32 under mixed precision. Summed in
         # bfloat16, a frequent token's stalls (256 + 1 == 256), and on a GPU
@@ -131,7 +136,9 @@ class TokenEmbedding(DirectCalls, keras.layers.Layer):
         )
         self._is_quantized = True
 
-    def _int8_call(self, inputs, reverse=False):
+    def _int8_call(self, inputs, reverse=False, float32=False):
+        if reverse and float32:
+            return ops.cast(self._int8_call(inputs, reverse=True), "float32")
         if reverse:
             states, states_scale = self._states_quantizer(inputs)
             # Each state row against each int8 row of E (rows by rows):
@@ -147,12 +154,12 @@ class TokenEmbedding(DirectCalls, keras.layers.Layer):
         scale = ops.take(self.embeddings_scale, inputs, axis=0)[..., None]
         return self._scaled(ops.divide(ops.cast(rows, self.compute_dtype), scale))
 
-    def compute_output_spec(self, inputs, reverse=False):
+    def compute_output_spec(self, inputs, reverse=False, float32=False):
         if reverse:
             shape = tuple(inputs.shape[:-1]) + (self.vocabulary_size,)
         else:
             shape = tuple(inputs.shape) + (self.d_model,)
-        return keras.KerasTensor(shape, dtype=self.compute_dtype)
+        return keras.KerasTensor(shape, dtype="float32" if reverse and float32 else self.compute_dtype)
 
     def get_config(self):
         config = super().get_config()

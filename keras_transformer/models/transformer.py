@@ -253,7 +253,7 @@ class Transformer(CheckedData, keras.Model):
             x = self.decoder_norm(x)
         # float32 logits keep the softmax and the loss exact under mixed
         # precision.
-        return ops.cast(self.output_projection(x, reverse=True), "float32")
+        return self.output_projection(x, reverse=True, float32=True)
 
     def encode(self, source_ids, training=False):
         """Runs the encoder stack alone.
