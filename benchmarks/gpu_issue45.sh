@@ -33,6 +33,7 @@ part torch_training 110 env KERAS_BACKEND=torch python3 training_speed.py --size
 part jax_mfu 120 env KERAS_BACKEND=jax python3 training_speed.py --size base --precision mixed_bfloat16 \
   --corpus "${data}/train.en" "${data}/train.de" --tokens-per-batch 25000 --buckets 2 --steps 8 --rounds 2 \
   --contenders ours_steps_per_execution --profile --out "${out}/jax_mfu.json"
+sed -n "/XLA's operations by part/,/^$/p" "${out}/jax_mfu.log" | tail -13  # train's 8 steps a call, by part
 cd .. || exit 2
 # The recipe's settings as issue 45 times them; alpha chosen on val apart.
 OUT="${out}" TUNE_ALPHAS="${TUNE_ALPHAS-1.4 1.8}" KERAS_BACKEND=jax \
