@@ -38,19 +38,24 @@ def traced(directory):
         yield
 
 
-def kernel_time(directory):
-    """`{"seconds", "kernels", "by_kind", "top"}` of the GPU kernels in the
-    newest trace under `directory`, or None where it holds no GPU plane."""
+def _newest_planes(directory):
+    """The planes of the newest JAX trace under `directory` (none if none)."""
     from jax.profiler import ProfileData
 
     paths = sorted(glob.glob(os.path.join(directory, "**", "*.xplane.pb"), recursive=True), key=os.path.getmtime)
-    if not paths:
+    return list(ProfileData.from_file(paths[-1]).planes) if paths else []
+
+
+def kernel_time(directory):
+    """`{"seconds", "kernels", "by_kind", "top"}` of the GPU kernels in the
+    newest trace under `directory`, or None where it holds no GPU plane."""
+    planes = _newest_planes(directory)
+    if not planes:
         return None
     by_name = collections.defaultdict(lambda: [0.0, 0])
     found = False
     lines = set()
     spans = []  # (start, end) of every kernel, in ns
-    planes = list(ProfileData.from_file(paths[-1]).planes)
     for plane in planes:
         if not plane.name.startswith("/device:GPU"):
             continue
@@ -81,12 +86,7 @@ def operation_time(directory, module="train_step"):
     GPU, its "XLA Ops" line (or its kernels' `hlo_op`); else XLA:CPU's,
     whose operations run on the host's threads. Only `module`'s operations
     where the trace names each operation's module."""
-    from jax.profiler import ProfileData
-
-    paths = sorted(glob.glob(os.path.join(directory, "**", "*.xplane.pb"), recursive=True), key=os.path.getmtime)
-    if not paths:
-        return {}, []
-    planes = list(ProfileData.from_file(paths[-1]).planes)
+    planes = _newest_planes(directory)
     gpu = [plane for plane in planes if plane.name.startswith("/device:GPU")]
     ops_lines = [line for plane in gpu for line in plane.lines if line.name == "XLA Ops"]
     if gpu and not ops_lines:

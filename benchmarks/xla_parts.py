@@ -6,9 +6,9 @@ module, which XLA writes as text where `XLA_FLAGS` asks for it
 (`dump_flags`), keeps for each operation the JAX name stack it came from:
 Keras's layer scopes (`decoder_block_3/cross_attention/query`), with
 `transpose(...)` around the backward pass. `operations(directory)` reads
-that back; `by_part(times, operations)` sums a trace's time per
-operation (`device_trace.kernel_time`'s `operations`) into the parts of
-the model, forward and backward, matrix products apart.
+that back; `by_part(times, found)` sums a trace's time per operation
+(`device_trace.operation_time`) into the parts of the model, forward and
+backward, matrix products apart.
 """
 
 import collections

@@ -255,7 +255,7 @@ def test_xla_s_operations_are_summed_by_the_part_of_the_model_they_came_from(tmp
     assert xla_parts.module_of(times, {7: {}, 42: found}) is found
 
 
-@pytest.mark.skipif(keras.backend.backend() != "jax", reason="reads XLA's optimized modules, which JAX compiles")
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="the parts come from XLA's optimized modules, which only JAX's step is here; TensorFlow's parts are profile_step.py's (tested above)")
 def test_a_profiled_jax_turn_reports_its_time_by_part_of_the_model(tmp_path):
     out = tmp_path / "speed.json"
     result = subprocess.run(

@@ -137,8 +137,6 @@ class TokenEmbedding(DirectCalls, keras.layers.Layer):
         self._is_quantized = True
 
     def _int8_call(self, inputs, reverse=False, float32=False):
-        if reverse and float32:
-            return ops.cast(self._int8_call(inputs, reverse=True), "float32")
         if reverse:
             states, states_scale = self._states_quantizer(inputs)
             # Each state row against each int8 row of E (rows by rows):
@@ -146,10 +144,11 @@ class TokenEmbedding(DirectCalls, keras.layers.Layer):
             rows = ops.reshape(states, (-1, self.d_model))
             sums = products.int8_rows_by_rows(rows, self.embeddings)  # int32
             sums = ops.reshape(sums, tuple(ops.shape(states)[:-1]) + (self.vocabulary_size,))
-            return ops.divide(
+            logits = ops.divide(
                 ops.cast(sums, self.compute_dtype),
                 ops.multiply(states_scale, self.embeddings_scale),
             )
+            return ops.cast(logits, "float32") if float32 else logits
         rows = ops.take(self.embeddings, inputs, axis=0)
         scale = ops.take(self.embeddings_scale, inputs, axis=0)[..., None]
         return self._scaled(ops.divide(ops.cast(rows, self.compute_dtype), scale))
