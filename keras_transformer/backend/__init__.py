@@ -14,6 +14,8 @@ backend, how a few operations are computed:
 - `loops`: `while_loop`, whose bodies a torch decoding call traces once
   and replays;
 - `random`: seeded dropout whose stream lives in host memory under torch;
+- `jax_steps`: under JAX, the train and test steps compiled for all the
+  batch shapes `fit` will meet at once, in threads;
 - `keras_private`: the few private Keras names still needed, each with the
   public API that is missing.
 

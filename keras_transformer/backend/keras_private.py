@@ -32,6 +32,14 @@ def torch_parallel_adam_update(optimizer, grads, variables, learning_rate):
     torch_adam.Adam._parallel_update_step(optimizer, grads, variables, learning_rate)
 
 
+def jax_step_function(model, step):
+    """Keras's JAX train (or test) function around `step`, a `jax.jit` of
+    the model's step: `steps_per_execution` calls of it a call, on the
+    batches of an iterator. Keras makes it around its own jit of the step
+    (`make_train_function`) and has no public way to pass another."""
+    return model._make_function(step)
+
+
 def loss_tracker(model):
     """The metric of a compiled model's mean loss, which its train step
     updates and `compute_metrics` reports as "loss"; Keras has no public

@@ -324,7 +324,28 @@ class TokenBatches(keras.utils.PyDataset):
         members = members[shard * share : (shard + 1) * share]
         source_ids, _ = _padded(*self.pairs.gather("source", members), share, columns)
         target_ids, labels = _padded(*self.pairs.gather("target", members), share, columns, decoder=True)
-        return {"source_ids": source_ids, "target_ids": target_ids}, labels
+        return _as_batch(source_ids, target_ids, labels)
+
+    def padding_batches(self, count=None):
+        """A batch of each shape that the next `count` batches have (all
+        the buckets that hold pairs, if None or at least an epoch), all
+        padding: what a compiled step is compiled for before it trains."""
+        if count is None or count >= self.batches_per_epoch:
+            buckets = np.flatnonzero(self.pairs_per_bucket).tolist()
+        else:
+            count = count if self.repeat else min(count, len(self))
+            met, index = set(), 0
+            while index < count:  # through at most two epochs' plans
+                epoch, step = self._epoch_and_step(index)
+                taken = self._plan(epoch)[2][step : step + count - index]
+                met.update(taken.tolist())
+                index += len(taken)
+            buckets = sorted(met)
+        shards = self.shard[1]
+        return [
+            _as_batch(*[np.zeros((int(self.batch_sizes[bucket]) // shards, int(self.lengths[bucket])), np.int32)] * 3)
+            for bucket in buckets
+        ]
 
 
     def as_tf_dataset(self):
@@ -385,6 +406,11 @@ def _buckets(pairs, lengths, chunk=1 << 22):
         shortest = min(shortest, int(pair_lengths.min()))
     pairs.release_pages()
     return bucket, counts[:-1], int(counts[-1]), shortest
+
+
+def _as_batch(source_ids, target_ids, labels):
+    """A batch as the model's `fit` takes it: its inputs by name, and the labels."""
+    return {"source_ids": source_ids, "target_ids": target_ids}, labels
 
 
 def _padded(values, n, rows, columns, decoder=False):

@@ -10,6 +10,7 @@ import contextlib
 
 import keras
 
+from keras_transformer.backend import jax_steps
 from keras_transformer.backend import state
 from keras_transformer.backend import torch_step
 from keras_transformer.checks import check_ids_on_host
@@ -30,13 +31,26 @@ class CheckedData:
     # (backend/torch_step.py); else None.
     _step_variables = None
 
+    # Under JAX, while `fit` runs on `TokenBatches`: a batch of padding of
+    # each shape its train and test steps will meet, for which the steps
+    # are compiled at once (backend/jax_steps.py); else None.
+    _batches_ahead = None
+
     def fit(self, x=None, *args, **kwargs):
         x = self._checked_data(x, "train_function")
         if "validation_data" in kwargs:
             kwargs["validation_data"] = _as_tf_dataset_under_tensorflow(kwargs["validation_data"])
         self._build_optimizer()
-        with self._listed_variables():
+        with self._listed_variables(), self._compiled_ahead(x, args, kwargs):
             return super().fit(x, *args, **kwargs)
+
+    def make_train_function(self, force=False):
+        ahead = self._batches_ahead
+        if ahead is not None and (self.train_function is None or force) and jax_steps.compiles_ahead(self):
+            object.__setattr__(self, "_batches_ahead", None)  # once a fit
+            jax_steps.compile_ahead(self, *ahead)
+            return
+        super().make_train_function(force)
 
     def evaluate(self, x=None, *args, **kwargs):
         return super().evaluate(self._checked_data(x, "test_function"), *args, **kwargs)
@@ -87,6 +101,33 @@ class CheckedData:
             yield
         finally:
             object.__setattr__(self, "_step_variables", outer)
+
+    @contextlib.contextmanager
+    def _compiled_ahead(self, x, args, kwargs):
+        """Within this block, `make_train_function` compiles the steps for
+        the shapes of the batches that `fit(x, *args, **kwargs)` will take,
+        where `x` (and the validation data) are `TokenBatches` under JAX."""
+        if args or not isinstance(x, TokenBatches) or not jax_steps.compiles_ahead(self):
+            yield
+            return
+        per_epoch = kwargs.get("steps_per_epoch")
+        epochs = kwargs.get("epochs", 1) - kwargs.get("initial_epoch", 0)
+        train = x.padding_batches(None if per_epoch is None else per_epoch * epochs)
+        validation, test = kwargs.get("validation_data"), []
+        if (
+            isinstance(validation, TokenBatches)
+            and kwargs.get("validation_steps") is None
+            and kwargs.get("validation_freq", 1) == 1
+            and epochs >= 1
+        ):
+            # How `evaluate` will check its ids decides how the step traces.
+            self._checked_data(validation, "test_function")
+            test = validation.padding_batches()
+        object.__setattr__(self, "_batches_ahead", (train, test))
+        try:
+            yield
+        finally:
+            object.__setattr__(self, "_batches_ahead", None)
 
     @contextlib.contextmanager
     def _step_context(self, function):
