@@ -2,6 +2,7 @@
 that Keras 3 lacks. `pyproject.toml` bounds Keras to the versions tested."""
 
 import functools
+import operator
 
 from keras_transformer.backend import state
 
@@ -156,8 +157,12 @@ def sublayers(model):
 
 def holds_added_losses(layers):
     """Whether any of `layers` holds losses from `add_loss` (outside a
-    stateless scope, the list `Layer.losses` collects)."""
-    return any(layer._losses for layer in layers)
+    stateless scope, the list `Layer.losses` collects). Read without a
+    Python call per layer: a torch step asks twice, of a few hundred."""
+    return any(map(_own_losses, layers))
+
+
+_own_losses = operator.attrgetter("_losses")
 
 
 def compiled_loss(model):
