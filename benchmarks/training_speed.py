@@ -541,11 +541,11 @@ def random_data(size, steps, seed=0):
     return [({"source_ids": random_ids(), "target_ids": random_ids()}, random_ids()) for _ in range(steps)]
 
 
-def corpus_data(source_path, target_path, tokens_per_batch, buckets, steps, vocabulary_size=8000, seed=0):
-    """`steps` batches of a parallel corpus, made as `keras-transformer train`
-    makes them: a shared BPE vocabulary learned from the files,
-    pairs of at most 256 tokens, `TokenBatches` of `tokens_per_batch`
-    padded tokens a side in at most `buckets` lengths, shuffled."""
+def corpus_batches(source_path, target_path, tokens_per_batch, buckets, vocabulary_size=8000, seed=0):
+    """A parallel corpus's endless `TokenBatches`, made as `keras-transformer
+    train` makes them: a shared BPE vocabulary learned from the files, pairs
+    of at most 256 tokens, `tokens_per_batch` padded tokens a side in at most
+    `buckets` lengths, shuffled."""
     from keras_transformer.data.batches import TokenBatches
     from keras_transformer.data.prepared import read_pairs, tokenize_pairs
     from keras_transformer.data.tokenizer import SubwordTokenizer
@@ -553,7 +553,12 @@ def corpus_data(source_path, target_path, tokens_per_batch, buckets, steps, voca
     pairs = [pair for chunk in read_pairs([source_path], [target_path]) for pair in chunk]
     tokenizer = SubwordTokenizer.train(pairs, vocabulary_size, seed=seed)
     tokenized = tokenize_pairs([s for s, _ in pairs], [t for _, t in pairs], tokenizer)
-    batches = TokenBatches(tokenized, tokens_per_batch, max_length=256, repeat=True, seed=seed, buckets=buckets)
+    return TokenBatches(tokenized, tokens_per_batch, max_length=256, repeat=True, seed=seed, buckets=buckets)
+
+
+def corpus_data(source_path, target_path, tokens_per_batch, buckets, steps, vocabulary_size=8000, seed=0):
+    """The first `steps` batches of `corpus_batches`."""
+    batches = corpus_batches(source_path, target_path, tokens_per_batch, buckets, vocabulary_size, seed)
     return [batches[index] for index in range(steps)]
 
 
