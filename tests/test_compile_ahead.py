@@ -1,11 +1,6 @@
 """Under JAX, `fit` on `TokenBatches` compiles its steps for every batch
 shape it will meet at once, before the first step (backend/jax_steps.py)."""
 
-import json
-import os
-import subprocess
-import sys
-
 import keras
 import numpy as np
 import pytest
@@ -14,8 +9,6 @@ import keras_transformer as kt
 from keras_transformer.data import TokenBatches
 from keras_transformer.training import compile_model
 
-from test_benchmarks import BENCHMARKS
-from test_benchmarks import parallel_files  # noqa: F401 (a fixture: train.en, train.de)
 from test_data_batches import pairs  # noqa: F401 (a fixture: 500 pairs, 400 pieces)
 
 pytestmark = pytest.mark.skipif(
@@ -90,19 +83,3 @@ def test_every_shape_met_is_compiled_before_the_first_step_and_trains_as_keras_s
     assert compiled == [("test_step", True)] * len(set(valid.lengths)) + [("train_step", True)] * len(met)
     for ours, theirs in zip(ahead.weights, keras_s.weights):
         np.testing.assert_array_equal(keras.ops.convert_to_numpy(ours), keras.ops.convert_to_numpy(theirs))
-
-
-def test_the_benchmark_times_both_ways_each_in_processes_of_its_own(parallel_files, tmp_path):
-    out = tmp_path / "ahead.json"
-    result = subprocess.run(
-        [sys.executable, os.path.join(BENCHMARKS, "compile_ahead.py"), "--size", "tiny",
-         "--corpus", str(parallel_files / "train.en"), str(parallel_files / "train.de"),
-         "--corpus-vocabulary", "500", "--tokens-per-batch", "256", "--buckets", "2", "--rounds", "1", "--out", str(out)],
-        env=dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3"),
-        capture_output=True, text=True, timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    report = json.loads(out.read_text())
-    assert len(report["lengths"]) == 2 and report["steps"] % 8 == 0
-    assert all(len(seconds) == 1 and seconds[0] > 0 for seconds in report["seconds"].values())
-    assert "ours / Keras's" in result.stdout
