@@ -24,6 +24,8 @@ import sys
 import tempfile
 import time
 
+from compile_time import check_corpus_and_backend
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 WAYS = ("at once", "one by one")
 STEPS_PER_EXECUTION = 8
@@ -88,11 +90,7 @@ def main():
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1. Received: {args.rounds}")
-    for path in args.corpus:
-        if not os.path.isfile(path):
-            parser.error(f"--corpus: no such file: {path}")
-    if os.environ.get("KERAS_BACKEND") != "jax":
-        parser.error(f"compiles JAX's train step: set KERAS_BACKEND=jax. Received: {os.environ.get('KERAS_BACKEND')}")
+    check_corpus_and_backend(parser, args.corpus)
     if args.child:
         with open(args.child, "w") as file:
             json.dump(child(args), file)

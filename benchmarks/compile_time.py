@@ -114,6 +114,15 @@ def markdown(report):
     return "\n".join(lines)
 
 
+def check_corpus_and_backend(parser, corpus):
+    """Exits through `parser` unless the `--corpus` files exist and Keras runs on JAX."""
+    for path in corpus:
+        if not os.path.isfile(path):
+            parser.error(f"--corpus: no such file: {path}")
+    if os.environ.get("KERAS_BACKEND") != "jax":
+        parser.error(f"compiles JAX's train step: set KERAS_BACKEND=jax. Received: {os.environ.get('KERAS_BACKEND')}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=["tiny", "small", "base"], default="small")
@@ -132,11 +141,7 @@ def main():
     if args.steps < 1 or args.steps % STEPS_PER_EXECUTION or args.rounds < 1:
         parser.error(f"--steps must be a positive multiple of {STEPS_PER_EXECUTION} and --rounds >= 1. "
                      f"Received: {args.steps}, {args.rounds}")
-    for path in args.corpus:
-        if not os.path.isfile(path):
-            parser.error(f"--corpus: no such file: {path}")
-    if os.environ.get("KERAS_BACKEND") != "jax":
-        parser.error(f"compiles JAX's train step: set KERAS_BACKEND=jax. Received: {os.environ.get('KERAS_BACKEND')}")
+    check_corpus_and_backend(parser, args.corpus)
     if args.child:
         with open(args.child, "w") as file:
             json.dump(child(args), file)

@@ -13,7 +13,8 @@ from test_data_batches import pairs  # noqa: F401 (a fixture: 500 pairs, 400 pie
 
 pytestmark = pytest.mark.skipif(
     keras.backend.backend() != "jax",
-    reason="Keras compiles a step per batch shape under JAX only (TensorFlow's steps take any length; torch's run eagerly)",
+    reason="compiling ahead is for Keras's JAX trainer, which jits a step per batch shape (backend/jax_steps.py); "
+    "torch's steps run eagerly, and TensorFlow's batches keep their lengths free",
 )
 
 

@@ -107,7 +107,8 @@ class CheckedData:
         """Within this block, `make_train_function` compiles the steps for
         the shapes of the batches that `fit(x, *args, **kwargs)` will take,
         where `x` (and the validation data) are `TokenBatches` under JAX."""
-        if args or not isinstance(x, TokenBatches) or not jax_steps.compiles_ahead(self):
+        made = self.train_function is not None  # by an earlier fit: new shapes compile as they come
+        if made or args or not isinstance(x, TokenBatches) or not jax_steps.compiles_ahead(self):
             yield
             return
         per_epoch = kwargs.get("steps_per_epoch")
