@@ -38,6 +38,10 @@ def _add_search_arguments(parser):
     parser.add_argument("--model-dir", required=True, help="written by Translator.save")
     parser.add_argument("--beam-size", type=int, help="1 searches greedily (saved default: 4)")
     parser.add_argument("--alpha", type=float, help="length penalty exponent (saved default: 0.6)")
+    parser.add_argument(
+        "--length-penalty", choices=["gnmt", "power"],
+        help="((5 + length) / 6)^alpha, the paper's, or length^alpha, fairseq's and Marian's (saved default: gnmt)",
+    )
     parser.add_argument("--batch-size", type=int, help="sentences decoded together")
     parser.add_argument("--max-extra-length", type=int, help="output tokens allowed beyond the source's")
     parser.add_argument(
@@ -51,7 +55,7 @@ def _load_translator(args):
 
     overrides = {
         name: getattr(args, name)
-        for name in ("beam_size", "alpha", "batch_size", "max_extra_length", "quantize")
+        for name in ("beam_size", "alpha", "length_penalty", "batch_size", "max_extra_length", "quantize")
         if getattr(args, name) is not None
     }
     return Translator.load(args.model_dir, **overrides)
@@ -359,6 +363,18 @@ def _log(line):
     print(line, flush=True)
 
 
+def convert(args):
+    from keras_transformer.convert import convert as convert_checkpoint
+
+    translator = convert_checkpoint(args.source, args.output, dtype=args.dtype)
+    model = translator.model
+    _log(
+        f"converted {args.source} into {args.output}: {model.num_layers}+{model.num_layers} blocks, d_model "
+        f"{model.d_model}, {model.vocabulary_size} ids, {model.count_params():,} parameters; beam "
+        f"{translator.beam_size}, alpha {translator.alpha} ({translator.length_penalty} length penalty)"
+    )
+
+
 def main(argv=None):
     import keras
 
@@ -401,6 +417,12 @@ def main(argv=None):
     command.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT", help=".keras checkpoints of one architecture")
     command.add_argument("--output", required=True, help="the .keras file to write (a run's model.keras to translate with it)")
     command.set_defaults(run=average)
+
+    command = add_command("convert", help="a published translator (OPUS-MT, fairseq's WMT models) as a translator directory")
+    command.add_argument("source", help="a Hugging Face model directory, a fairseq checkpoint directory, or a hub id")
+    command.add_argument("--output", required=True, metavar="DIR", help="the new translator directory")
+    command.add_argument("--dtype", choices=["float32", "mixed_bfloat16", "mixed_float16"], help="precision (default float32)")
+    command.set_defaults(run=convert)
 
     command = add_command("translate", help="translate lines of text")
     _add_search_arguments(command)

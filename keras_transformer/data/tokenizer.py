@@ -239,6 +239,10 @@ class SubwordTokenizer:
                 )
         return self._processor.encode(strings, num_threads=num_threads or os.cpu_count() or 1)
 
+    def tokenize_target(self, strings, num_threads=None):
+        """The target side's ids: the shared vocabulary's, as `tokenize`."""
+        return self.tokenize(strings, num_threads)
+
     def detokenize(self, ids):
         """Text from ids; padding, BOS and EOS ids are dropped.
 

@@ -7,6 +7,9 @@ early when possible" (section 6.1). The length penalty is that of Wu et al.
 
     lp(Y) = ((5 + |Y|) / 6) ** alpha,        score(Y) = log P(Y | X) / lp(Y)
 
+fairseq, Marian and transformers divide by |Y| ** alpha instead ("power"),
+which a converted translator keeps to reproduce its published settings.
+
 The search is a pure function over explicit loop state, written with
 `keras.ops` and a `while_loop`, so that one compiled loop runs it
 under `tf.function`, XLA and `jax.jit`, and eagerly under torch.
@@ -29,9 +32,24 @@ from keras_transformer.decoding.search_loop import while_in_phases
 NEG_INF = -1.0e9
 
 
-def length_penalty(length, alpha):
-    """lp(Y) = ((5 + |Y|) / 6) ** alpha (Wu et al., 2016, section 7)."""
-    return ops.power((5.0 + ops.cast(length, "float32")) / 6.0, alpha)
+# The forms of the length penalty: GNMT's, the paper's; |Y| ** alpha.
+LENGTH_PENALTIES = ("gnmt", "power")
+
+
+def length_penalty(length, alpha, form="gnmt"):
+    """lp(Y) = ((5 + |Y|) / 6) ** alpha (Wu et al., 2016, section 7), or
+    |Y| ** alpha with `form="power"`."""
+    length = ops.cast(length, "float32")
+    if form == "power":
+        return ops.power(length, alpha)
+    return ops.power((5.0 + length) / 6.0, alpha)
+
+
+def check_length_penalty(form):
+    if form not in LENGTH_PENALTIES:
+        raise ValueError(
+            f"length_penalty must be one of {list(LENGTH_PENALTIES)}. Received: length_penalty={form!r}"
+        )
 
 
 def check_alpha(alpha):
@@ -62,6 +80,7 @@ def beam_search(
     state_lengths=None,
     grow_state=None,
     steps_per_iteration=1,
+    penalty="gnmt",
 ):
     """The `beam_size` best translations of each sentence, best first.
 
@@ -126,6 +145,7 @@ def beam_search(
     if beam_size < 1:
         raise ValueError(f"beam_size must be at least 1. Received: beam_size={beam_size}")
     check_alpha(alpha)
+    check_length_penalty(penalty)
     check_state_lengths(state_lengths, grow_state, max_length)
     if (
         isinstance(steps_per_iteration, bool)
@@ -144,7 +164,7 @@ def beam_search(
         sentence_max_length = ops.full((batch_size,), max_length, dtype="int32")
     sentence_max_length = ops.cast(sentence_max_length, "int32")
     # Scores can only fall to log P / lp(limit) for an alive hypothesis.
-    best_possible_lp = length_penalty(sentence_max_length, alpha)  # [B]
+    best_possible_lp = length_penalty(sentence_max_length, alpha, penalty)  # [B]
 
     # The first flat row of each sentence, for the 1, 2 and 3 times K rows
     # a sentence has in the searches' gathers; made once, not every step.
@@ -257,7 +277,7 @@ def beam_search(
         among_first_k = ops.less(ops.arange(2 * beam_size), beam_size)[None, :]
         new_flags = ends & real & active & among_first_k
         new_scores = ops.where(
-            new_flags, top_log_probs / length_penalty(index + 1, alpha), NEG_INF
+            new_flags, top_log_probs / length_penalty(index + 1, alpha, penalty), NEG_INF
         )
         finished_scores, finished_choice = ops.top_k(
             ops.concatenate([search["finished_scores"], new_scores], axis=1),

@@ -13,6 +13,7 @@ from keras_transformer.backend import shapes
 from keras_transformer.backend import state
 from keras_transformer.decoding.beam_search import beam_search
 from keras_transformer.decoding.beam_search import greedy_search
+from keras_transformer.models.config import POSITION_TABLES
 
 
 # The first length of the self-attention buffers when they grow with the
@@ -121,6 +122,7 @@ def search_translations(
     max_extra_length,
     bos_id,
     eos_id,
+    length_penalty="gnmt",
 ):
     """Beam search (greedy search for a beam of 1) with the cached decoder.
 
@@ -133,13 +135,14 @@ def search_translations(
         max_extra_length: how many positions past `S` an output may reach.
         bos_id: the first target token.
         eos_id: the token that ends a translation.
+        length_penalty: the penalty's form, "gnmt" or "power".
 
     Returns:
         `(ids [B, beam_size, S + max_extra_length], scores [B, beam_size])`,
         best first.
     """
     max_length = ops.shape(source_ids)[1] + max_extra_length
-    if model.position_encoding == "learned":
+    if model.position_encoding in POSITION_TABLES:
         # No output outgrows the learned positions.
         if isinstance(max_length, int):
             max_length = min(max_length, model.max_length)
@@ -169,6 +172,7 @@ def search_translations(
         max_length=max_length,
         eos_id=eos_id,
         sentence_max_length=sentence_max_length,
+        penalty=length_penalty,
         steps_per_iteration=search_steps_per_iteration(initial_state, beam_size, max_length),
         **growing,
     )

@@ -12,12 +12,14 @@ import numpy as np
 from keras_transformer.checks import describe_error
 from keras_transformer.data.corpus import read_json_object
 from keras_transformer.data.pipeline import bucket_lengths
-from keras_transformer.data.tokenizer import SubwordTokenizer
+from keras_transformer.data.tokenizers import load_tokenizer
 from keras_transformer.decoding.beam_search import check_alpha
+from keras_transformer.decoding.beam_search import check_length_penalty
 from keras_transformer.decoding.compiled import CompiledFunction
 from keras_transformer.decoding.steps import search_translations
 from keras_transformer.files import atomic_path
 from keras_transformer.files import write_atomically
+from keras_transformer.models.config import POSITION_TABLES
 from keras_transformer.models.quantization import check_quantization_mode
 from keras_transformer.models.quantization import quantized
 from keras_transformer.models.transformer import Transformer
@@ -45,9 +47,13 @@ class Translator:
 
     Args:
         model: a trained `Transformer`.
-        tokenizer: its `SubwordTokenizer`.
+        tokenizer: its `SubwordTokenizer`, or a converted model's tokenizer
+            (`keras_transformer.data.tokenizers`).
         beam_size: hypotheses kept per sentence; 1 is greedy search.
         alpha: the length penalty exponent, lp = ((5 + length) / 6)^alpha.
+        length_penalty: "gnmt", the paper's lp above, or "power", lp =
+            length^alpha, the penalty of fairseq, Marian and transformers,
+            under which their published settings reproduce.
         max_extra_length: an output may have this many tokens more than its
             source.
         max_source_length: the most source tokens (EOS included) decoded;
@@ -79,6 +85,7 @@ class Translator:
         batch_size=32,
         jit_compile=False,
         quantize=None,
+        length_penalty="gnmt",
     ):
         for name, value, least in (
             ("beam_size", beam_size, 1),
@@ -91,8 +98,9 @@ class Translator:
                     f"{name} must be an integer >= {least}. Received: {name}={value!r}"
                 )
         check_alpha(alpha)
+        check_length_penalty(length_penalty)
         check_quantization_mode(quantize)
-        if model.position_encoding == "learned":
+        if model.position_encoding in POSITION_TABLES:
             # Learned positions end at the model's max_length, for sources
             # and outputs alike (`search_translations` bounds the outputs).
             max_source_length = min(max_source_length, model.max_length)
@@ -107,6 +115,7 @@ class Translator:
         self.tokenizer = tokenizer
         self.beam_size = beam_size
         self.alpha = float(alpha)
+        self.length_penalty = length_penalty
         self.max_extra_length = max_extra_length
         self.max_source_length = max_source_length
         self.batch_size = batch_size
@@ -121,6 +130,7 @@ class Translator:
             max_extra_length=max_extra_length,
             bos_id=tokenizer.bos_id,
             eos_id=tokenizer.eos_id,
+            length_penalty=length_penalty,
         )
         self._search = CompiledFunction(search_batch, self.model, input_ranks=(2, 1), jit_compile=jit_compile)
 
@@ -136,6 +146,7 @@ class Translator:
             max_source_length=self.max_source_length,
             batch_size=self.batch_size,
             jit_compile=self.jit_compile,
+            length_penalty=self.length_penalty,
         )
         other.quantize = self.quantize  # its model is this one's, already quantized
         return other
@@ -262,6 +273,7 @@ class Translator:
         return {
             "beam_size": self.beam_size,
             "alpha": self.alpha,
+            "length_penalty": self.length_penalty,
             "max_extra_length": self.max_extra_length,
             "max_source_length": self.max_source_length,
             "batch_size": self.batch_size,
@@ -326,7 +338,7 @@ class Translator:
                 "keras_transformer Transformer. Expected the model.keras Translator.save "
                 "writes; it may have been overwritten by another model."
             )
-        tokenizer = SubwordTokenizer.load(directory)
+        tokenizer = load_tokenizer(directory)
         try:
             return cls(model, tokenizer, **config)
         except (TypeError, ValueError) as error:

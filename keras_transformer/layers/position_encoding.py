@@ -1,6 +1,7 @@
 """Sinusoidal position encoding, section 3.5 of "Attention Is All You Need"."""
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_transformer.backend import state
@@ -76,3 +77,29 @@ class SinusoidalPositionEncoding(DirectCalls, keras.layers.Layer):
         config = super().get_config()
         config.update({"max_wavelength": self.max_wavelength})
         return config
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class SinusoidalTable(keras.initializers.Initializer):
+    """The encoding of `SinusoidalPositionEncoding` as a `[max_length,
+    d_model]` table, computed in float64: the initial value of a fixed
+    position table (`position_encoding="table"`), which a converted
+    checkpoint overwrites with its own layout.
+
+    Args:
+        max_wavelength: the base of the wavelengths, 10000 in the paper.
+    """
+
+    def __init__(self, max_wavelength=10000):
+        self.max_wavelength = max_wavelength
+
+    def __call__(self, shape, dtype=None):
+        length, d_model = shape
+        dimensions = np.arange(d_model)
+        inverse_frequencies = float(self.max_wavelength) ** (-(dimensions - dimensions % 2) / d_model)
+        angles = np.arange(length)[:, None] * inverse_frequencies[None, :]
+        table = np.where(dimensions % 2 == 0, np.sin(angles), np.cos(angles))
+        return ops.convert_to_tensor(table, dtype=dtype or "float32")
+
+    def get_config(self):
+        return {"max_wavelength": self.max_wavelength}

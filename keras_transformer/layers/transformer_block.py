@@ -16,6 +16,8 @@ class TransformerBlock(DirectCalls, keras.layers.Layer):
     Args:
         num_heads: h, the number of attention heads.
         d_ff: the inner size of the feed-forward network.
+        activation: the feed-forward network's inner activation, ReLU in
+            the paper.
         dropout: P_drop, applied to the output of each sub-layer before the
             residual addition (section 5.4).
         attention_dropout: dropout on the attention weights. The paper does
@@ -45,6 +47,7 @@ class TransformerBlock(DirectCalls, keras.layers.Layer):
         self,
         num_heads,
         d_ff,
+        activation="relu",
         dropout=0.1,
         attention_dropout=0.0,
         normalize_first=False,
@@ -60,6 +63,7 @@ class TransformerBlock(DirectCalls, keras.layers.Layer):
         super().__init__(**kwargs)
         self.num_heads = num_heads
         self.d_ff = d_ff
+        self.activation = activation
         self.dropout = dropout
         self.attention_dropout = attention_dropout
         self.normalize_first = normalize_first
@@ -96,6 +100,7 @@ class TransformerBlock(DirectCalls, keras.layers.Layer):
     def _feed_forward(self):
         return PositionwiseFeedForward(
             self.d_ff,
+            activation=self.activation,
             kernel_initializer=clone_initializer(self.kernel_initializer),
             bias_initializer=clone_initializer(self.bias_initializer),
             dtype=self.dtype_policy,
@@ -120,6 +125,7 @@ class TransformerBlock(DirectCalls, keras.layers.Layer):
             {
                 "num_heads": self.num_heads,
                 "d_ff": self.d_ff,
+                "activation": self.activation,
                 "dropout": self.dropout,
                 "attention_dropout": self.attention_dropout,
                 "normalize_first": self.normalize_first,

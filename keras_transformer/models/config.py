@@ -10,7 +10,12 @@ import dataclasses
 import math
 import numbers
 
-POSITION_ENCODINGS = ("sinusoidal", "learned")
+POSITION_ENCODINGS = ("sinusoidal", "learned", "table")
+# The encodings read from a table of `max_length` rows, which bounds lengths.
+POSITION_TABLES = ("learned", "table")
+# The feed-forward activations: the paper's ReLU; GELU and swish (SiLU), which
+# published translators of the same architecture use (OPUS-MT: swish).
+ACTIVATIONS = ("relu", "gelu", "swish")
 # Dropout seeds are stored in 32 bits (JAX's seed dtype) with room for the
 # per-layer offsets.
 MAX_SEED = 2**30
@@ -36,8 +41,10 @@ class ModelConfig:
         num_heads: h, the attention heads.
         key_dim: d_k, per head; d_model / h when None (Table 3 A, B).
         value_dim: d_v, per head; d_k when None.
-        position_encoding: "sinusoidal" or "learned" (Table 3 E).
-        max_length: the positions learned with "learned" positions.
+        position_encoding: "sinusoidal" or "learned" (Table 3 E), or "table":
+            a fixed table of `max_length` positions, the paper's sinusoids
+            until a converted checkpoint loads its own layout into it.
+        max_length: the positions of a "learned" or "table" encoding.
         attention_window: restricted self-attention: each query attends to
             keys at most this many positions away (section 4); None
             attends to all.
@@ -48,6 +55,14 @@ class ModelConfig:
         share_embeddings: one matrix for the source and target embeddings
             and the pre-softmax projection (section 3.4).
         layer_norm_epsilon: the epsilon of every layer normalization.
+        activation: the feed-forward networks' inner activation: ReLU in
+            the paper (section 3.3), swish in OPUS-MT.
+        decoder_d_ff: the decoder's feed-forward inner width; d_ff when
+            None (fairseq's WMT19 models have 8192 and 4096).
+        output_bias: a learned bias added to the logits (Marian's).
+        share_target_embeddings: without `share_embeddings`, one matrix for
+            the target embedding and the pre-softmax projection, the source
+            embedding apart.
         seed: the seed of the dropout streams; drawn when None.
     """
 
@@ -71,6 +86,13 @@ class ModelConfig:
     normalize_first: bool = _field(False, "pre-LN blocks instead of the paper's post-LN", boolean=True)
     share_embeddings: bool = _field(True, "one matrix for both embeddings and the output projection", boolean=True)
     layer_norm_epsilon: float = _field(1e-6, positive=True)
+    activation: str = _field("relu", "feed-forward activation (default relu, the paper's)", choices=ACTIVATIONS)
+    decoder_d_ff: int = _field(None, "the decoder's feed-forward inner width (default d_ff)", least=1, optional=True)
+    output_bias: bool = _field(False, "a learned bias on the logits", boolean=True)
+    share_target_embeddings: bool = _field(
+        False, "with --share-embeddings false: one matrix for the target embedding and the output projection",
+        boolean=True,
+    )
     seed: int = _field(None)
 
     @classmethod
@@ -98,15 +120,15 @@ class ModelConfig:
                 found.append(f"{prefix}{field.name} must be {problem}. Received: {field.name}={getattr(self, field.name)!r}")
         if found:
             return found
-        if self.position_encoding == "learned" and self.max_length is None:
+        if self.position_encoding in POSITION_TABLES and self.max_length is None:
             found.append(
-                f"{prefix}position_encoding='learned' learns one vector per position, so it needs "
-                "max_length, the most positions of a source or a target. Received: max_length=None"
+                f"{prefix}position_encoding={self.position_encoding!r} holds one vector per position, so it "
+                "needs max_length, the most positions of a source or a target. Received: max_length=None"
             )
         if self.position_encoding == "sinusoidal" and self.max_length is not None:
             found.append(
-                f"{prefix}max_length bounds learned positions; sinusoids have no maximum. Pass "
-                "position_encoding='learned' with it, or leave it out. Received: "
+                f"{prefix}max_length bounds learned positions or a table; sinusoids have no maximum. "
+                "Pass position_encoding='learned' or 'table' with it, or leave it out. Received: "
                 f"position_encoding='sinusoidal', max_length={self.max_length!r}"
             )
         if self.key_dim is None and self.d_model % self.num_heads:
@@ -114,6 +136,12 @@ class ModelConfig:
                 f"{prefix}d_model must be divisible by num_heads, so that every head has "
                 "d_k = d_model / num_heads, or key_dim must be given. "
                 f"Received: d_model={self.d_model}, num_heads={self.num_heads}"
+            )
+        if self.share_embeddings and self.share_target_embeddings:
+            found.append(
+                f"{prefix}share_target_embeddings shares the target embedding with the output projection "
+                "when share_embeddings is false; share_embeddings=True already shares all three. "
+                "Received: share_embeddings=True, share_target_embeddings=True"
             )
         return found
 

@@ -12,13 +12,16 @@ from keras_transformer.checks import TokenIdCheck
 from keras_transformer.checks import check_model_inputs
 from keras_transformer.layers import Dropout
 from keras_transformer.layers import LearnedPositionEmbedding
+from keras_transformer.layers import LogitsBias
 from keras_transformer.layers import SinusoidalPositionEncoding
+from keras_transformer.layers import SinusoidalTable
 from keras_transformer.layers import TokenEmbedding
 from keras_transformer.layers import TransformerDecoderBlock
 from keras_transformer.layers import TransformerEncoderBlock
 from keras_transformer.layers.dense import LayerNormalization
 from keras_transformer.models.checked_data import CheckedData
 from keras_transformer.models.config import MAX_SEED
+from keras_transformer.models.config import POSITION_TABLES
 from keras_transformer.models.config import ModelConfig
 from keras_transformer.models.presets import PRESETS
 from keras_transformer.models.quantization import quantization_mode
@@ -56,7 +59,8 @@ class Transformer(CheckedData, keras.Model):
         **kwargs: the fields of `ModelConfig` (num_layers, d_model, d_ff,
             num_heads, key_dim, value_dim, position_encoding, max_length,
             attention_window, dropout, attention_dropout, normalize_first,
-            share_embeddings, layer_norm_epsilon, seed), with its defaults:
+            share_embeddings, layer_norm_epsilon, activation, decoder_d_ff,
+            output_bias, share_target_embeddings, seed), with its defaults:
             the base model. A seed of None draws one from NumPy's global
             generator, which `keras.utils.set_random_seed` seeds; each
             dropout layer draws from its own stream derived from it, and
@@ -95,12 +99,24 @@ class Transformer(CheckedData, keras.Model):
             self.target_embedding = TokenEmbedding(
                 config.vocabulary_size, config.d_model, dtype=dtype, name="target_embedding"
             )
-            self.output_projection = TokenEmbedding(
-                config.vocabulary_size, config.d_model, dtype=dtype, name="output_projection"
+            self.output_projection = (
+                self.target_embedding
+                if config.share_target_embeddings
+                else TokenEmbedding(config.vocabulary_size, config.d_model, dtype=dtype, name="output_projection")
             )
+        self.logits_bias = (
+            LogitsBias(config.vocabulary_size, dtype=dtype, name="logits_bias") if config.output_bias else None
+        )
         if config.position_encoding == "sinusoidal":
             self.source_position_encoding = self.target_position_encoding = (
                 SinusoidalPositionEncoding(dtype=dtype, name="position_encoding")
+            )
+        elif config.position_encoding == "table":
+            # Fixed, one table for both stacks: the paper's sinusoids until a
+            # converted checkpoint loads its own layout.
+            self.source_position_encoding = self.target_position_encoding = LearnedPositionEmbedding(
+                int(config.max_length), embeddings_initializer=SinusoidalTable(), trainable=False,
+                dtype=dtype, name="position_table",
             )
         else:
             self.source_position_encoding = LearnedPositionEmbedding(
@@ -118,7 +134,7 @@ class Transformer(CheckedData, keras.Model):
         # The blocks take every field but the embeddings' and the positions'.
         block_arguments = {
             name: getattr(config, name)
-            for name in ("num_heads", "d_ff", "dropout", "attention_dropout", "normalize_first",
+            for name in ("num_heads", "activation", "dropout", "attention_dropout", "normalize_first",
                          "layer_norm_epsilon", "key_dim", "value_dim", "attention_window")
         }
         block_arguments["dtype"] = dtype
@@ -126,6 +142,7 @@ class Transformer(CheckedData, keras.Model):
         self.encoder_blocks = [
             TransformerEncoderBlock(
                 **block_arguments,
+                d_ff=config.d_ff,
                 seed=config.seed + SEEDS_PER_BLOCK * (i + 1),
                 name=f"encoder_block_{i}",
             )
@@ -134,6 +151,7 @@ class Transformer(CheckedData, keras.Model):
         self.decoder_blocks = [
             TransformerDecoderBlock(
                 **block_arguments,
+                d_ff=config.decoder_d_ff or config.d_ff,
                 seed=config.seed + SEEDS_PER_BLOCK * (config.num_layers + i + 1),
                 name=f"decoder_block_{i}",
             )
@@ -253,7 +271,8 @@ class Transformer(CheckedData, keras.Model):
             x = self.decoder_norm(x)
         # float32 logits keep the softmax and the loss exact under mixed
         # precision.
-        return self.output_projection(x, reverse=True, float32=True)
+        logits = self.output_projection(x, reverse=True, float32=True)
+        return logits if self.logits_bias is None else self.logits_bias(logits)
 
     def encode(self, source_ids, training=False):
         """Runs the encoder stack alone.
@@ -286,9 +305,9 @@ class Transformer(CheckedData, keras.Model):
             tensor has the batch as its first dimension, so a beam search can
             reorder the cache with one gather per tensor.
         """
-        if self.position_encoding == "learned" and isinstance(max_length, int) and max_length > self.max_length:
+        if self.position_encoding in POSITION_TABLES and isinstance(max_length, int) and max_length > self.max_length:
             raise ValueError(
-                f"The model's learned positions end at max_length={self.max_length}, "
+                f"The model's {self.position_encoding} positions end at max_length={self.max_length}, "
                 f"so it cannot decode max_length={max_length} target positions. "
                 f"Expected max_length <= {self.max_length}."
             )

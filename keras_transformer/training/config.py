@@ -11,6 +11,7 @@ from keras_transformer.data.prepared import is_prepared
 from keras_transformer.data.tokenizer import MODEL_FILE as VOCABULARY_FILE
 from keras_transformer.files import write_atomically
 from keras_transformer.models.presets import PRESETS
+from keras_transformer.models.config import POSITION_TABLES
 from keras_transformer.models.config import ModelConfig
 
 CONFIG_FILE = "train_config.json"
@@ -210,7 +211,7 @@ class TrainingConfig:
         if isinstance(self.preset, str) and self.preset in PRESETS and not unknown:
             architecture = self.architecture()
             problems += ModelConfig(**architecture).problems(prefix="model.")
-        if not problems and architecture.get("position_encoding") == "learned" and architecture["max_length"] < self.max_tokens:
+        if not problems and architecture.get("position_encoding") in POSITION_TABLES and architecture["max_length"] < self.max_tokens:
             problems.append(
                 f"model.max_length ({architecture['max_length']}) must be at least max_tokens "
                 f"({self.max_tokens}), so that every training pair has a position for each token"
@@ -265,7 +266,7 @@ class TrainingConfig:
     def architecture(self):
         """The `build_transformer` arguments, preset and overrides merged."""
         architecture = PRESETS[self.preset] | self.model
-        if architecture.get("position_encoding") == "learned" and architecture.get("max_length") is None:
+        if architecture.get("position_encoding") in POSITION_TABLES and architecture.get("max_length") is None:
             architecture["max_length"] = self.max_tokens + self.max_extra_length
         return architecture
 

@@ -1,0 +1,157 @@
+"""Marian's translators (OPUS-MT), in transformers' layout: config, weights
+and tokenizer.
+
+`MarianMTModel` is the paper's post-LN Transformer with its embeddings
+scaled by sqrt(d_model), sinusoids laid out as all sines then all cosines,
+swish in the feed-forward networks, a bias on the logits, and one
+vocabulary numbered by `vocab.json`: EOS 0, padding last, decoding from
+padding. Its search divides a hypothesis's log-probability by
+length^alpha.
+"""
+
+import json
+import os
+import shutil
+
+import numpy as np
+
+from keras_transformer.convert.checkpoint import ABSENT_LOGIT
+from keras_transformer.convert.checkpoint import ConversionError
+from keras_transformer.convert.checkpoint import assign
+from keras_transformer.convert.checkpoint import block_weights
+from keras_transformer.convert.checkpoint import read_tensors
+from keras_transformer.convert.checkpoint import sinusoids_in_halves
+from keras_transformer.data.id_map import IdMap
+from keras_transformer.data.marian_tokenizer import MarianTokenizer
+
+MODEL_TYPE = "marian"
+# transformers' names of the activations a `ModelConfig` has.
+ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"}
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "out_proj")
+ENCODER_SUBLAYERS = {
+    "self_attention": "self_attn", "self_attention_norm": "self_attn_layer_norm",
+    "inner_dense": "fc1", "outer_dense": "fc2", "feed_forward_norm": "final_layer_norm", "projections": PROJECTIONS,
+}
+DECODER_SUBLAYERS = ENCODER_SUBLAYERS | {"cross_attention": "encoder_attn", "cross_attention_norm": "encoder_attn_layer_norm"}
+
+
+def activation(name, source):
+    if name not in ACTIVATIONS:
+        raise ConversionError(
+            f"{source} uses the activation {name!r}. Supported: {sorted(ACTIVATIONS)}."
+        )
+    return ACTIVATIONS[name]
+
+
+def model_config(config, source):
+    """Our `ModelConfig` fields for a `MarianConfig` (a dict)."""
+    for name, expected in (("normalize_before", False), ("add_final_layer_norm", False), ("scale_embedding", True),
+                           ("static_position_embeddings", True), ("normalize_embedding", False)):
+        if name in config and config[name] != expected:
+            raise ConversionError(f"{source}: {name}={config[name]!r} is not supported; expected {expected}.")
+    for encoder, decoder in (("encoder_layers", "decoder_layers"), ("encoder_attention_heads", "decoder_attention_heads")):
+        if config[encoder] != config[decoder]:
+            raise ConversionError(
+                f"{source}: {encoder}={config[encoder]} and {decoder}={config[decoder]}; the stacks must match."
+            )
+    return {
+        "num_layers": config["encoder_layers"],
+        "d_model": config["d_model"],
+        "d_ff": config["encoder_ffn_dim"],
+        "decoder_d_ff": config["decoder_ffn_dim"] if config["decoder_ffn_dim"] != config["encoder_ffn_dim"] else None,
+        "num_heads": config["encoder_attention_heads"],
+        "position_encoding": "table",
+        "max_length": config.get("max_position_embeddings", 1024),
+        "dropout": config.get("dropout", 0.1),
+        "attention_dropout": config.get("attention_dropout", 0.0),
+        "layer_norm_epsilon": 1e-5,  # torch's LayerNorm default
+        "activation": activation(config.get("activation_function", "gelu"), source),
+        "output_bias": True,
+    }
+
+
+def id_map(config):
+    vocabulary_size = max(config["vocab_size"], config.get("decoder_vocab_size") or config["vocab_size"])
+    pad = config.get("pad_token_id", vocabulary_size - 1)
+    return IdMap(
+        vocabulary_size, padding=pad, unknown=config.get("unk_token_id", 1),
+        start=config.get("decoder_start_token_id", pad), eos=config.get("eos_token_id", 0),
+    )
+
+
+def weights(config, tensors, ids, shared):
+    """Our weights by variable path, from the checkpoint's tensors."""
+    num_heads = config["encoder_attention_heads"]
+    if shared:
+        embedding = tensors.first("model.shared.weight", "model.encoder.embed_tokens.weight", "lm_head.weight")
+        found = {"token_embedding/embeddings": ids.rows(embedding)}
+    else:
+        target = tensors.first("model.decoder.embed_tokens.weight", "lm_head.weight")
+        found = {
+            "source_embedding/embeddings": ids.rows(tensors.first("model.encoder.embed_tokens.weight")),
+            "target_embedding/embeddings": ids.rows(target),
+        }
+        if "lm_head.weight" in tensors and not np.array_equal(tensors.first("lm_head.weight"), target):
+            raise ConversionError(f"{tensors.source}: lm_head.weight is not the decoder's embedding; expected them tied.")
+    bias = tensors.first("final_logits_bias").reshape(-1) if "final_logits_bias" in tensors else np.zeros(1, np.float32)
+    logits_bias = ids.rows(bias, fill=ABSENT_LOGIT)
+    if ids.start_is_copy:  # our BOS, a copy of Marian's padding row
+        logits_bias[2] = logits_bias[0] + ABSENT_LOGIT
+    found["logits_bias/bias"] = logits_bias
+    d_model = config["d_model"]
+    inverse_frequencies = 10000.0 ** (-2.0 * np.arange((d_model + 1) // 2) / d_model)
+    table = sinusoids_in_halves(config.get("max_position_embeddings", 1024), d_model, inverse_frequencies)
+    found["position_table/position_embeddings"] = table[:, :d_model]
+    for i in range(config["encoder_layers"]):
+        found |= block_weights(f"encoder_block_{i}", tensors, f"model.encoder.layers.{i}", ENCODER_SUBLAYERS, num_heads)
+        found |= block_weights(f"decoder_block_{i}", tensors, f"model.decoder.layers.{i}", DECODER_SUBLAYERS, num_heads)
+    return found
+
+
+def search_settings(directory, config):
+    """The checkpoint's own search: its beam and length penalty."""
+    generation = dict(config)
+    path = os.path.join(directory, "generation_config.json")
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as file:
+            generation |= json.load(file)
+    return {
+        "beam_size": int(generation.get("num_beams") or 4),
+        "alpha": float(generation.get("length_penalty", 1.0)),
+        "length_penalty": "power",
+    }
+
+
+def convert(directory, output, dtype=None):
+    """Writes the translator of the Marian checkpoint in `directory` into
+    the (temporary) directory `output`; returns our `Translator`."""
+    from keras_transformer.decoding.translator import Translator
+    from keras_transformer.models.transformer import Transformer
+
+    from keras_transformer.convert.checkpoint import read_config
+
+    config = read_config(directory)
+    source = os.path.abspath(directory)
+    for name in ("source.spm", "target.spm", "vocab.json"):
+        if not os.path.isfile(os.path.join(directory, name)):
+            raise ConversionError(f"{source} has no {name}. Expected Marian's tokenizer files beside config.json.")
+    ids = id_map(config)
+    shared = config.get("share_encoder_decoder_embeddings", True)
+    model = Transformer(
+        vocabulary_size=ids.vocabulary_size,
+        share_embeddings=shared,
+        share_target_embeddings=not shared,
+        dtype=dtype,
+        name="transformer",
+        **model_config(config, source),
+    )
+    assign(model, weights(config, read_tensors(directory), ids, shared), source)
+    for name in MarianTokenizer.FILES:
+        if os.path.isfile(os.path.join(directory, name)):
+            shutil.copyfile(os.path.join(directory, name), os.path.join(output, name))
+    tokenizer = MarianTokenizer(output, ids)
+    translator = Translator(
+        model, tokenizer, max_source_length=min(512, model.max_length), **search_settings(directory, config)
+    )
+    translator.save(output)
+    return translator

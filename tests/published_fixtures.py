@@ -1,0 +1,107 @@
+"""Tiny random published translators, built offline with transformers and
+saved with `save_pretrained`, for the converters' tests.
+
+Their LayerNorm weights and biases and the logits bias are randomized:
+the ones and zeros they start with would hide a porting error.
+"""
+
+import io
+import json
+import os
+
+import numpy as np
+import sentencepiece
+
+from keras_transformer.data.builtin import builtin_corpus
+
+SENTENCES = [
+    "The old man sees the dog.",
+    "Today the cat helps the big teacher in the garden.",
+    "A child reads.",
+    "The woman does not see the bird, because the mouse sleeps.",
+]
+
+
+def corpus_sides(size=400):
+    pairs = list(builtin_corpus("train", size=size))
+    return [source for source, _ in pairs], [target for _, target in pairs]
+
+
+def _sentencepiece_model(sentences, vocabulary_size):
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocabulary_size,
+        model_type="unigram", minloglevel=2, bos_id=-1, eos_id=1, unk_id=0, pad_id=-1,
+    )
+    return model.getvalue()
+
+
+def randomize(model, seed=0):
+    """Every LayerNorm weight and bias, and any logits bias, drawn at random."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, tensor in model.named_parameters():
+            if "layer_norm" in name or "layernorm" in name:
+                tensor.copy_(torch.randn(tensor.shape, generator=generator) * 0.3 + (1.0 if name.endswith("weight") else 0.0))
+        if hasattr(model, "final_logits_bias"):
+            model.final_logits_bias.copy_(torch.randn(model.final_logits_bias.shape, generator=generator))
+    return model
+
+
+def marian_directory(directory, d_model=32, layers=2, heads=4, ffn=64, vocabulary=120, separate=False, seed=0,
+                     eos_bias=0.0):
+    """A random `MarianMTModel` with its tokenizer (two SentencePiece models
+    and vocab.json, or with `separate` a target_vocab.json too), saved into
+    `directory`, its EOS logit raised by `eos_bias` so that searches end.
+    Returns the model and transformers' tokenizer."""
+    import torch
+    from transformers import MarianConfig
+    from transformers import MarianMTModel
+    from transformers import MarianTokenizer
+
+    os.makedirs(directory, exist_ok=True)
+    english, german = corpus_sides()
+    raw = os.path.join(directory, "raw")
+    os.makedirs(raw, exist_ok=True)
+    for name, side in (("source.spm", english), ("target.spm", german)):
+        with open(os.path.join(raw, name), "wb") as file:
+            file.write(_sentencepiece_model(side, 60))
+    pieces = []
+    for name in ("source.spm", "target.spm"):
+        processor = sentencepiece.SentencePieceProcessor(model_file=os.path.join(raw, name))
+        pieces += [processor.id_to_piece(i) for i in range(2, processor.vocab_size())]
+    # A multilingual model's target-language token, as Marian's have.
+    ordered = ["</s>", "<unk>", ">>deu<<"] + list(dict.fromkeys(pieces))[: vocabulary - 4]
+    vocab = {piece: i for i, piece in enumerate(ordered)}
+    vocab["<pad>"] = len(vocab)
+    with open(os.path.join(raw, "vocab.json"), "w") as file:
+        json.dump(vocab, file)
+    target_vocab = None
+    if separate:  # the target's own numbering: a smaller, shuffled vocabulary
+        target_pieces = ordered[3:-8]
+        np.random.default_rng(seed).shuffle(target_pieces)
+        target_vocab = {piece: i for i, piece in enumerate(["</s>", "<unk>"] + target_pieces)}
+        target_vocab["<pad>"] = len(vocab) - 1  # transformers has one padding id for both sides
+        with open(os.path.join(raw, "target_vocab.json"), "w") as file:
+            json.dump(target_vocab, file)
+    tokenizer = MarianTokenizer(
+        os.path.join(raw, "source.spm"), os.path.join(raw, "target.spm"), os.path.join(raw, "vocab.json"),
+        target_vocab_file=os.path.join(raw, "target_vocab.json") if separate else None,
+        separate_vocabs=separate, source_lang="en", target_lang="de",
+    )
+    config = MarianConfig(
+        vocab_size=len(vocab), decoder_vocab_size=len(vocab), d_model=d_model, encoder_layers=layers, decoder_layers=layers,
+        encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn, decoder_ffn_dim=ffn,
+        max_position_embeddings=128, activation_function="swish", scale_embedding=True,
+        pad_token_id=len(vocab) - 1, decoder_start_token_id=len(vocab) - 1, eos_token_id=0, forced_eos_token_id=None,
+        share_encoder_decoder_embeddings=not separate, num_beams=4, length_penalty=1.0,
+    )
+    torch.manual_seed(seed)
+    model = randomize(MarianMTModel(config).eval(), seed)
+    with torch.no_grad():
+        model.final_logits_bias[0, config.eos_token_id] += eos_bias
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return model, tokenizer

@@ -1,0 +1,146 @@
+"""Marian (OPUS-MT) translators, converted: the same logits, searches and
+tokens as transformers' `MarianMTModel` and `MarianTokenizer`, on every
+backend, from tiny random models built offline."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+
+from published_fixtures import SENTENCES
+from published_fixtures import marian_directory
+
+torch = pytest.importorskip("torch")
+
+from keras_transformer.convert import ConversionError  # noqa: E402
+from keras_transformer.convert import convert  # noqa: E402
+from keras_transformer.decoding import Translator  # noqa: E402
+
+MAX_EXTRA_LENGTH = 12
+
+
+@pytest.fixture(scope="module", params=["shared", "separate"])
+def converted(request, tmp_path_factory):
+    """A random Marian model (shared or separate vocabularies), transformers'
+    tokenizer, and our translator converted from its directory."""
+    root = tmp_path_factory.mktemp(f"marian_{request.param}")
+    model, tokenizer = marian_directory(root / "hf", separate=request.param == "separate", eos_bias=2.5)
+    translator = convert(root / "hf", root / "ours")
+    return model, tokenizer, translator, root
+
+
+def _published_logits(translator, source_ids, target_ids):
+    """Our logits at the published ids' columns."""
+    id_map = translator.tokenizer.id_map
+    source = np.array([id_map.to_ours(row) for row in source_ids])
+    target = np.array([id_map.to_ours(row) for row in target_ids])
+    target[:, 0] = translator.tokenizer.bos_id
+    logits = keras.ops.convert_to_numpy(translator.model({"source_ids": source, "target_ids": target}))
+    return logits[..., id_map.ours_of_published]
+
+
+def test_teacher_forced_logits_equal_transformers(converted):
+    model, tokenizer, translator, _ = converted
+    batch = tokenizer(SENTENCES, return_tensors="np", padding=True)
+    # Padding in our numbering is id 0: padded positions as Marian pads them.
+    source_ids = np.where(batch["attention_mask"] == 1, batch["input_ids"], model.config.pad_token_id)
+    target_ids = np.array([[model.config.decoder_start_token_id, 5, 9, 14, 7, 30, 3]] * len(SENTENCES))
+    with torch.no_grad():
+        theirs = model(
+            input_ids=torch.tensor(source_ids), attention_mask=torch.tensor(batch["attention_mask"]),
+            decoder_input_ids=torch.tensor(target_ids), use_cache=False,
+        ).logits.numpy()
+    ours = _published_logits(translator, source_ids, target_ids)
+    np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_searches_equal_generate(converted, beam_size):
+    model, tokenizer, translator, _ = converted
+    translator = translator.with_search(beam_size=beam_size)
+    translator = Translator(
+        translator.model, translator.tokenizer, beam_size=beam_size, alpha=1.0, length_penalty="power",
+        max_extra_length=MAX_EXTRA_LENGTH,
+    )
+    found = translator.search(SENTENCES)
+    ended = 0
+    for i, sentence in enumerate(SENTENCES):
+        source_ids, ids, scores = found[i]
+        limit = len(source_ids) - 1 + MAX_EXTRA_LENGTH
+        with torch.no_grad():
+            output = model.generate(
+                **tokenizer([sentence], return_tensors="pt"), num_beams=beam_size, do_sample=False,
+                max_new_tokens=limit, length_penalty=1.0, early_stopping="never" if beam_size > 1 else False,
+                output_scores=True, return_dict_in_generate=True,
+            )
+        eos = model.config.eos_token_id
+        theirs = output.sequences[0, 1:].tolist()
+        theirs = theirs[: theirs.index(eos) + 1] if eos in theirs else theirs
+        ours = translator.tokenizer.id_map.to_published(ids[0].tolist())
+        ours = ours[: ours.index(eos) + 1] if eos in ours else ours[:limit]
+        assert ours == theirs, f"sentence {i}: ours {ours}, transformers' {theirs}"
+        ended += theirs[-1] == eos
+        if beam_size > 1:
+            np.testing.assert_allclose(scores[0], output.sequences_scores[0].item(), atol=1e-4)
+    assert ended >= 2  # the searches end, not only run to their limit
+
+
+def test_tokenizer_equals_marian_tokenizer(converted):
+    _, tokenizer, translator, _ = converted
+    ours = translator.tokenizer
+    for sentence in SENTENCES + ["  Two  spaces, €uro signs and ünïcödé.", ">>deu<< The dog sleeps."]:
+        published = tokenizer(sentence)["input_ids"]
+        assert ours.published_ids(sentence) + [0] == published
+        ids = ours.tokenize(sentence)
+        assert ours.id_map.to_published(ids) == published[:-1]
+    targets = [tokenizer(text_target=sentence)["input_ids"][:-1] for sentence in SENTENCES]
+    assert [ours.id_map.to_published(row) for row in ours.tokenize_target(SENTENCES)] == targets
+    for row in targets:
+        expected = tokenizer.decode(row, skip_special_tokens=True)
+        assert ours.detokenize(ours.id_map.to_ours(row)) == expected
+
+
+def test_saved_translator_loads_exactly(converted):
+    _, _, translator, root = converted
+    loaded = Translator.load(root / "ours")
+    assert (loaded.beam_size, loaded.alpha, loaded.length_penalty) == (4, 1.0, "power")
+    inputs = {"source_ids": np.array([[5, 9, 14, 3]]), "target_ids": np.array([[2, 7, 30]])}
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(loaded.model(inputs)), keras.ops.convert_to_numpy(translator.model(inputs)))
+    assert loaded.translate(SENTENCES) == translator.translate(SENTENCES)
+    assert loaded.model.activation == "swish" and loaded.model.output_bias
+    loaded.save(root / "again")
+    assert Translator.load(root / "again").translate(SENTENCES[:2]) == translator.translate(SENTENCES[:2])
+
+
+def _edit_config(directory, **changes):
+    import json
+
+    path = os.path.join(directory, "config.json")
+    with open(path) as file:
+        config = json.load(file)
+    config.update(changes)
+    with open(path, "w") as file:
+        json.dump(config, file)
+
+
+def test_bad_checkpoints_say_what_was_found(tmp_path):
+    marian_directory(tmp_path / "hf", layers=1)
+    _edit_config(tmp_path / "hf", activation_function="tanh")
+    with pytest.raises(ConversionError, match="activation 'tanh'. Supported: "):
+        convert(tmp_path / "hf", tmp_path / "out")
+    assert not os.path.exists(tmp_path / "out")
+    _edit_config(tmp_path / "hf", activation_function="swish", model_type="bart")
+    with pytest.raises(ConversionError, match="type 'bart'. Supported: \\['fsmt', 'marian'\\]"):
+        convert(tmp_path / "hf", tmp_path / "out")
+    _edit_config(tmp_path / "hf", model_type="marian", d_model=48)
+    with pytest.raises(ConversionError, match="has shape .* expected"):
+        convert(tmp_path / "hf", tmp_path / "out")
+    assert not os.path.exists(tmp_path / "out")
+    assert [name for name in os.listdir(tmp_path) if "converting" in name] == []
+    _edit_config(tmp_path / "hf", d_model=32)
+    os.remove(tmp_path / "hf" / "vocab.json")
+    with pytest.raises(ConversionError, match="no vocab.json"):
+        convert(tmp_path / "hf", tmp_path / "out")
+    with pytest.raises(ConversionError, match="not a directory"):
+        convert(tmp_path / "missing" / "model", tmp_path / "out")
