@@ -212,6 +212,7 @@ def _add_train_arguments(parser):
     files.add_argument("--config", help="a JSON object of some or all training fields, such as a run's train_config.json (options override it)")
     files.add_argument("--resume", action="store_true", help="continue the run in --model-dir from its train_config.json")
     files.add_argument("--vocabulary", help="reuse the subword.model in this directory")
+    files.add_argument("--init-from", metavar="DIR", help="fine-tune this translator (trained, or made by `convert`): its model and vocabulary")
     files.add_argument("--vocabulary-size", type=int, help=f"pieces of a new shared vocabulary (default {defaults.vocabulary_size})")
     files.add_argument("--max-tokens", type=int, help=f"longest training sequence in subword tokens (default {defaults.max_tokens})")
     model = parser.add_argument_group("model")

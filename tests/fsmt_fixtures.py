@@ -95,6 +95,10 @@ def fsmt_directory(directory, d_model=32, layers=2, heads=4, encoder_ffn=64, dec
     )
     torch.manual_seed(seed)
     model = randomize(FSMTForConditionalGeneration(config).eval(), seed)
+    with torch.no_grad():  # logits of a few units, not FSMT's initial tenths
+        for matrix in (model.model.encoder.embed_tokens, model.model.decoder.embed_tokens,
+                       model.model.decoder.output_projection):
+            matrix.weight.normal_(0.0, 0.3)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return model, tokenizer, codes
@@ -122,10 +126,14 @@ def fairseq_directory(directory, model, codes, source_directory, args="args"):
     """`model`'s weights as fairseq's own checkpoint (`model.pt` with
     fairseq's names, the decoder's output tied to its input, older
     layouts of attention and norms in the encoder), with its dictionaries
-    and BPE codes. The FSMT model is tied the same way in place."""
+    and BPE codes. Returns a copy of `model` tied the same way: the
+    FSMT model the checkpoint holds."""
+    import copy
+
     import torch
 
     os.makedirs(directory, exist_ok=True)
+    model = copy.deepcopy(model)
     decoder = model.model.decoder
     with torch.no_grad():
         decoder.output_projection.weight.copy_(decoder.embed_tokens.weight)

@@ -8,6 +8,7 @@ import keras
 import numpy as np
 import pytest
 
+from conftest import in_one_pass
 from published_fixtures import SENTENCES
 from published_fixtures import marian_directory
 
@@ -144,3 +145,40 @@ def test_bad_checkpoints_say_what_was_found(tmp_path):
         convert(tmp_path / "hf", tmp_path / "out")
     with pytest.raises(ConversionError, match="not a directory"):
         convert(tmp_path / "missing" / "model", tmp_path / "out")
+
+
+@pytest.mark.parametrize("converted", ["shared"], indirect=True)
+@in_one_pass("jax", "the training command's plumbing; each backend's fit is tested in test_training.py")
+def test_fine_tuning_a_converted_translator_lowers_the_validation_loss(converted, tmp_path):
+    """`train --init-from` on the built-in corpus: the converted model's
+    vocabulary and architecture, its loss on validation pairs falls, and the
+    saved translator keeps Marian's length penalty."""
+    import contextlib
+    import io
+
+    from keras_transformer import cli
+    from keras_transformer.data.builtin import builtin_corpus
+
+    _, _, translator, root = converted
+    for split, size in (("train", 200), ("valid", 40)):
+        pairs = list(builtin_corpus(split, size=size))
+        for side, suffix in ((0, "en"), (1, "de")):
+            (tmp_path / f"{split}.{suffix}").write_text("\n".join(pair[side] for pair in pairs) + "\n")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        cli.main([
+            "train", "--init-from", str(root / "ours"), "--model-dir", str(tmp_path / "run"),
+            "--train-source", str(tmp_path / "train.en"), "--train-target", str(tmp_path / "train.de"),
+            "--valid-source", str(tmp_path / "valid.en"), "--valid-target", str(tmp_path / "valid.de"),
+            "--train-steps", "24", "--checkpoint-every", "24", "--average", "1", "--warmup-steps", "8",
+            "--tokens-per-batch", "1024", "--valid-bleu-sentences", "0", "--log-every", "24",
+            "--buckets", "2", "--max-tokens", "64",
+        ])
+    output = printed.getvalue()
+    before = float(output.split("valid loss before fine-tuning: ")[1].split()[0])
+    after = float(output.split("checkpoint at step 24 | valid loss ")[1].split()[0])
+    assert after < before - 0.1, output
+    tuned = Translator.load(tmp_path / "run")
+    assert tuned.model.vocabulary_size == translator.model.vocabulary_size
+    assert (tuned.model.activation, tuned.length_penalty) == ("swish", "power")
+    assert tuned.tokenizer.tokenize(SENTENCES) == translator.tokenizer.tokenize(SENTENCES)

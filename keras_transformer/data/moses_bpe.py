@@ -48,8 +48,6 @@ UNICODE_PUNCTUATION = str.maketrans({
 FULL_STOPS = re.compile(r"[。．]\s*")
 # Words whose pieces are remembered; a corpus of many more starts afresh.
 CACHE_SIZE = 200_000
-# The rank of a pair no merge joins.
-UNRANKED = float("inf")
 
 
 def _read_vocabulary(path):
@@ -167,9 +165,10 @@ class MosesBpeTokenizer:
             return pieces
         symbols = list(word[:-1]) + [word[-1] + END_OF_WORD]
         while len(symbols) > 1:
-            rank, pair = min((self._ranks.get(pair, UNRANKED), pair) for pair in zip(symbols, symbols[1:]))
-            if rank == UNRANKED:
+            ranked = [(self._ranks[pair], pair) for pair in zip(symbols, symbols[1:]) if pair in self._ranks]
+            if not ranked:
                 break
+            pair = min(ranked)[1]
             merged, i = [], 0
             while i < len(symbols):
                 if i + 1 < len(symbols) and (symbols[i], symbols[i + 1]) == pair:

@@ -205,8 +205,8 @@ def _flat(id_lists, dtype):
 def tokenize_pairs(sources, targets, tokenizer):
     """`TokenizedPairs` in memory, for a corpus that fits there."""
     arrays = {}
-    for side, texts in zip(SIDES, (sources, targets)):
-        ids, lengths = _flat(tokenizer.tokenize(list(texts)), id_dtype(tokenizer.vocabulary_size))
+    for side, texts, tokenize in zip(SIDES, (sources, targets), (tokenizer.tokenize, tokenizer.tokenize_target)):
+        ids, lengths = _flat(tokenize(list(texts)), id_dtype(tokenizer.vocabulary_size))
         if len(lengths) and lengths.max() > MAX_STORED_LENGTH:
             raise ValueError(
                 f"A {side} sentence has {int(lengths.max())} subword tokens; at most "
@@ -385,7 +385,8 @@ def prepare_dataset(
 
 def _write_chunk(pairs, tokenizer, dtype, files, totals):
     """Appends a chunk's ids, offsets and lengths; returns the pairs kept."""
-    sides = [_flat(tokenizer.tokenize(texts), dtype) for texts in zip(*pairs)]
+    sources, targets = zip(*pairs)
+    sides = [_flat(tokenizer.tokenize(sources), dtype), _flat(tokenizer.tokenize_target(targets), dtype)]
     fits = (sides[0][1] <= MAX_STORED_LENGTH) & (sides[1][1] <= MAX_STORED_LENGTH)
     for side, (ids, lengths) in zip(SIDES, sides):
         if not fits.all():

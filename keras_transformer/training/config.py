@@ -46,6 +46,9 @@ class TrainingConfig:
             shared vocabulary of `vocabulary_size` pieces is trained on the
             training text when None.
         vocabulary_size: the size of a vocabulary trained here.
+        init_from: a translator directory (trained here, or converted from
+            a published model) to fine-tune: its model, weights and
+            tokenizer, in place of `preset`, `model` and a vocabulary.
         preset: a `build_transformer` preset; `model` overrides its fields
             (`num_layers`, `d_model`, `d_ff`, `num_heads`, `dropout`,
             `attention_dropout`, `normalize_first`, `share_embeddings`, and
@@ -92,6 +95,7 @@ class TrainingConfig:
     train_data: str = None
     vocabulary: str = None
     vocabulary_size: int = 8000
+    init_from: str = None
     preset: str = "small"
     model: dict = dataclasses.field(default_factory=dict)
     dtype: str = "float32"
@@ -123,7 +127,7 @@ class TrainingConfig:
             if not isinstance(value, (list, tuple)) or not all(isinstance(p, path) for p in value):
                 raise TypeError(f"`{name}` must be a file path or a list of file paths; received {value!r}.")
             setattr(self, name, [os.fspath(p) for p in value])
-        for name in ("model_dir", "vocabulary", "train_data"):
+        for name in ("model_dir", "vocabulary", "train_data", "init_from"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, path) or (name == "model_dir" and value is None):
                 raise TypeError(f"`{name}` must be a folder's path; received {value!r}.")
@@ -255,6 +259,17 @@ class TrainingConfig:
             for path in sources + targets:
                 if not os.path.isfile(path):
                     raise FileNotFoundError(f"No such file: {path} (a {side} file).")
+        if self.init_from is not None:
+            if not os.path.isfile(os.path.join(self.init_from, "model.keras")):
+                raise FileNotFoundError(
+                    f"No translator to start from in {self.init_from}: expected the model.keras that "
+                    "`train` or `convert` writes."
+                )
+            if self.vocabulary is not None or self.model:
+                raise ValueError(
+                    f"init_from {self.init_from} brings its model and vocabulary; received "
+                    f"vocabulary={self.vocabulary!r} and model={self.model} too."
+                )
         if self.vocabulary is not None:
             path = os.path.join(self.vocabulary, VOCABULARY_FILE)
             if not os.path.isfile(path):

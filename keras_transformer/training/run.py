@@ -36,6 +36,9 @@ from keras_transformer.data.prepared import train_vocabulary
 from keras_transformer.data.tokenizer import CONFIG_FILE as VOCABULARY_CONFIG_FILE
 from keras_transformer.data.tokenizer import MODEL_FILE as VOCABULARY_FILE
 from keras_transformer.data.tokenizer import SubwordTokenizer
+from keras_transformer.data.tokenizers import CONVERTED_FILE as CONVERTED_TOKENIZER_FILE
+from keras_transformer.data.tokenizers import load_tokenizer
+from keras_transformer.decoding.translator import CONFIG_FILE as TRANSLATOR_CONFIG_FILE
 from keras_transformer.decoding.translator import Translator
 from keras_transformer.models.transformer import build_transformer
 from keras_transformer.training.checkpoints import average_checkpoints
@@ -163,12 +166,17 @@ def train_translator(config, resume=False, log=print, verbose=0):
     how = f"bucket_step {config.bucket_step}" if config.buckets is None else f"fitted, buckets {config.buckets}"
     log(f"batches: {len(lengths)} length{'s' * (len(lengths) > 1)} from {lengths[0]} to {lengths[-1]} tokens ({how})")
     valid_data = validation_batches(config, valid, tokenizer)
-    architecture = config.architecture() | {"vocabulary_size": tokenizer.vocabulary_size}
     with distribution.scope():
-        model = build_transformer(
-            config.preset, **architecture,
-            dtype=None if config.dtype == "float32" else config.dtype,
-        )
+        if config.init_from is not None:
+            model = _initial_model(config, tokenizer)
+            architecture = {name: getattr(model, name) for name in ("vocabulary_size", "num_layers", "d_model", "d_ff")}
+            log(f"model: from {config.init_from}")
+        else:
+            architecture = config.architecture() | {"vocabulary_size": tokenizer.vocabulary_size}
+            model = build_transformer(
+                config.preset, **architecture,
+                dtype=None if config.dtype == "float32" else config.dtype,
+            )
         compile_model(
             model, warmup_steps=config.warmup_steps, label_smoothing=config.label_smoothing,
             learning_rate_scale=config.learning_rate_scale, jit_compile=config.jit_compile,
@@ -179,6 +187,10 @@ def train_translator(config, resume=False, log=print, verbose=0):
         + ", ".join(f"{k}={v}" for k, v in architecture.items())
         + f", dtype={config.dtype})"
     )
+
+    if config.init_from is not None and not reached:
+        before = model.evaluate(valid_data, verbose=0, return_dict=True)
+        log(f"valid loss before fine-tuning: {before['loss']:.3f}")
 
     bleu_sources = valid.sources[: config.valid_bleu_sentences]
     bleu_references = valid.targets[: config.valid_bleu_sentences]
@@ -205,6 +217,7 @@ def train_translator(config, resume=False, log=print, verbose=0):
     translator = Translator(
         final, tokenizer, beam_size=config.beam_size, alpha=config.alpha,
         max_extra_length=config.max_extra_length, max_source_length=config.max_tokens,
+        length_penalty=_length_penalty(config),
     )
     translator.save(config.model_dir)
     log(
@@ -238,10 +251,40 @@ def _steps_per_execution(config, reached):
     return steps_per_execution(config.train_steps, config.checkpoint_every, config.log_every, reached)
 
 
+def _length_penalty(config):
+    """The started-from translator's form of the length penalty (a
+    converted one's is its own tools'), or the paper's."""
+    path = os.path.join(config.init_from or "", TRANSLATOR_CONFIG_FILE)
+    return read_json_object(path).get("length_penalty", "gnmt") if config.init_from and os.path.isfile(path) else "gnmt"
+
+
+def _initial_model(config, tokenizer):
+    """The model of `config.init_from`, with its weights, in the run's dtype."""
+    model = keras.saving.load_model(os.path.join(config.init_from, "model.keras"), compile=False)
+    if model.vocabulary_size != tokenizer.vocabulary_size:
+        raise ValueError(
+            f"{config.init_from}'s model has {model.vocabulary_size} ids and its tokenizer "
+            f"{tokenizer.vocabulary_size}; they do not belong together."
+        )
+    if config.dtype != model.dtype_policy.name:
+        settings = model.get_config() | {"dtype": None if config.dtype == "float32" else config.dtype}
+        retyped = type(model).from_config(settings)
+        retyped.set_weights(model.get_weights())
+        model = retyped
+    return model
+
+
 def _vocabulary(config, log):
-    """The run's vocabulary: its own when resuming, the given one, or new."""
+    """The run's vocabulary: its own when resuming, the started-from
+    translator's, the given one, or new."""
     own = os.path.join(config.model_dir, VOCABULARY_FILE)
     given = config.train_data or config.vocabulary
+    if os.path.isfile(os.path.join(config.model_dir, CONVERTED_TOKENIZER_FILE)) or config.init_from is not None:
+        tokenizer = load_tokenizer(config.model_dir if os.path.isfile(
+            os.path.join(config.model_dir, CONVERTED_TOKENIZER_FILE)) or os.path.isfile(own) else config.init_from)
+        tokenizer.save(config.model_dir)
+        log(f"vocabulary: {tokenizer.vocabulary_size} ids from {config.init_from or config.model_dir}")
+        return tokenizer
     if os.path.isfile(own) or os.path.isfile(os.path.join(config.model_dir, VOCABULARY_CONFIG_FILE)):
         try:
             tokenizer = SubwordTokenizer.load(config.model_dir)

@@ -1,0 +1,210 @@
+"""fairseq's WMT19 translators in transformers' layout (FSMT): config,
+weights and tokenizer.
+
+`FSMTForConditionalGeneration` is the paper's post-LN Transformer with
+its embeddings scaled by sqrt(d_model), fairseq's sinusoids (all sines,
+then all cosines, the frequencies exp(-i log(10000) / (d/2 - 1)), the
+first position numbered padding + 1 = 2), no bias on the logits, and a
+source and a target vocabulary of their own: <s> 0, padding 1, EOS 2,
+<unk> 3, decoding from EOS. Its tokenizer is Moses and BPE
+(`MosesBpeTokenizer`). Its search divides a hypothesis's log-probability
+by length^alpha.
+"""
+
+import math
+import os
+import shutil
+
+import numpy as np
+
+from keras_transformer.convert.checkpoint import ABSENT_LOGIT
+from keras_transformer.convert.checkpoint import ConversionError
+from keras_transformer.convert.checkpoint import assign
+from keras_transformer.convert.checkpoint import block_weights
+from keras_transformer.convert.checkpoint import read_config
+from keras_transformer.convert.checkpoint import read_tensors
+from keras_transformer.convert.marian import DECODER_SUBLAYERS
+from keras_transformer.convert.marian import ENCODER_SUBLAYERS
+from keras_transformer.convert.marian import activation
+from keras_transformer.convert.marian import search_settings
+from keras_transformer.data.corpus import read_json_object
+from keras_transformer.data.id_map import IdMap
+from keras_transformer.data.moses_bpe import MosesBpeTokenizer
+
+MODEL_TYPE = "fsmt"
+# fairseq's dictionaries begin <s>, <pad>, </s>, <unk>.
+FAIRSEQ_SPECIAL_IDS = {"padding": 1, "unknown": 3, "eos": 2}
+FAIRSEQ_PADDING = FAIRSEQ_SPECIAL_IDS["padding"]
+REQUIRED = (
+    "src_vocab_size", "tgt_vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
+    "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim",
+)
+
+
+def fairseq_sinusoids(length, d_model, padding=FAIRSEQ_PADDING):
+    """`[length, d_model]`: fairseq's position table from its first
+    position, padding + 1, on: sin(p w_i) for the first half, cos(p w_i)
+    for the second, w_i = exp(-i log(10000) / (d_model / 2 - 1)).
+
+    In float32 as torch computes it (the product, then exp rounded to
+    float32, then the angles), so that the table equals the checkpoint's
+    to float32's last bit at the positions sentences reach."""
+    half = d_model // 2
+    step = math.log(10000) / (half - 1)
+    exponents = np.arange(half, dtype=np.float32) * np.float32(-step)
+    frequencies = np.exp(exponents.astype(np.float64)).astype(np.float32)
+    positions = np.arange(padding + 1, padding + 1 + length, dtype=np.float32)
+    angles = positions[:, None] * frequencies[None, :]  # [length, half], float32
+    table = np.concatenate([np.sin(angles), np.cos(angles)], axis=1)
+    return np.pad(table, ((0, 0), (0, d_model - 2 * half)))
+
+
+def model_config(config, source):
+    """Our `ModelConfig` fields for an `FSMTConfig` (a dict)."""
+    missing = [name for name in REQUIRED if name not in config]
+    if missing:
+        raise ConversionError(f"{source}/config.json lacks {missing}; an FSMTConfig has {list(REQUIRED)}.")
+    if not config.get("scale_embedding", True):
+        raise ConversionError(f"{source}: scale_embedding=False is not supported; expected True (fairseq's default).")
+    for encoder, decoder in (("encoder_layers", "decoder_layers"), ("encoder_attention_heads", "decoder_attention_heads")):
+        if config[encoder] != config[decoder]:
+            raise ConversionError(
+                f"{source}: {encoder}={config[encoder]} and {decoder}={config[decoder]}; the stacks must match."
+            )
+    return {
+        "num_layers": config["encoder_layers"],
+        "d_model": config["d_model"],
+        "d_ff": config["encoder_ffn_dim"],
+        "decoder_d_ff": config["decoder_ffn_dim"] if config["decoder_ffn_dim"] != config["encoder_ffn_dim"] else None,
+        "num_heads": config["encoder_attention_heads"],
+        "position_encoding": "table",
+        "max_length": config.get("max_position_embeddings", 1024),
+        "dropout": config.get("dropout", 0.1),
+        "attention_dropout": config.get("attention_dropout", 0.0),
+        "layer_norm_epsilon": 1e-5,  # torch's LayerNorm default
+        "activation": activation(config.get("activation_function", "relu"), source),
+        # FSMT has no bias on the logits; ours holds our BOS copy's and the
+        # smaller vocabulary's absent rows down.
+        "output_bias": True,
+    }
+
+
+def id_map(config, unknown=3):
+    return IdMap(
+        max(config["src_vocab_size"], config["tgt_vocab_size"]),
+        padding=config.get("pad_token_id", FAIRSEQ_PADDING), unknown=unknown,
+        start=config.get("decoder_start_token_id", 2), eos=config.get("eos_token_id", 2),
+    )
+
+
+def sharing(source, target, output, tied):
+    """Which of our layouts holds the three matrices: one shared ("all"),
+    the target embedding with the output ("target"), or three ("none")."""
+    if tied or (source.shape == target.shape and np.array_equal(source, target) and np.array_equal(target, output)):
+        return "all"
+    return "target" if np.array_equal(target, output) else "none"
+
+
+def embedding_weights(source, target, output, ids, shared, where):
+    """The embeddings and the logits bias by variable path, from the
+    published `[vocabulary, d_model]` matrices (rows in published order)."""
+    if shared == "all":
+        if not (source.shape == target.shape == output.shape):
+            raise ConversionError(
+                f"{where}: the embeddings are shared, but the source embedding has shape {source.shape}, the "
+                f"target embedding {target.shape} and the output projection {output.shape}; expected one shape."
+            )
+        found = {"token_embedding/embeddings": ids.rows(target)}
+    else:
+        found = {"source_embedding/embeddings": ids.rows(source), "target_embedding/embeddings": ids.rows(target)}
+        if shared == "none":
+            found["output_projection/embeddings"] = ids.rows(output)
+    # The target vocabulary's rows have logit bias 0; the rows past it
+    # (a larger source vocabulary's) are absent.
+    logits_bias = ids.rows(np.zeros(len(output), np.float32), fill=ABSENT_LOGIT)
+    if ids.start_is_copy:  # our BOS, a copy of the row decoding starts from
+        logits_bias[2] += ABSENT_LOGIT
+    found["logits_bias/bias"] = logits_bias
+    return found
+
+
+def weights(config, tensors, ids):
+    """Our weights by variable path, and the sharing of the embeddings."""
+    prefix = "model.decoder"
+    # Tied matrices are saved under one of their names.
+    source = tensors.first("model.encoder.embed_tokens.weight", f"{prefix}.embed_tokens.weight")
+    target = tensors.first(f"{prefix}.embed_tokens.weight", "model.encoder.embed_tokens.weight")
+    output = tensors.first(f"{prefix}.output_projection.weight", f"{prefix}.embed_tokens.weight")
+    for name, matrix, rows in (("model.encoder.embed_tokens.weight", source, "src_vocab_size"),
+                               (f"{prefix}.embed_tokens.weight", target, "tgt_vocab_size"),
+                               (f"{prefix}.output_projection.weight", output, "tgt_vocab_size")):
+        if matrix.shape != (config[rows], config["d_model"]):
+            raise ConversionError(
+                f"{tensors.source}: {name} has shape {matrix.shape}; expected ({config[rows]}, {config['d_model']}) "
+                f"from {rows} and d_model in config.json."
+            )
+    shared = sharing(source, target, output, config.get("tie_word_embeddings", False))
+    found = embedding_weights(source, target, output, ids, shared, tensors.source)
+    found["position_table/position_embeddings"] = fairseq_sinusoids(
+        config.get("max_position_embeddings", 1024), config["d_model"], config.get("pad_token_id", FAIRSEQ_PADDING)
+    )
+    num_heads = config["encoder_attention_heads"]
+    for i in range(config["encoder_layers"]):
+        found |= block_weights(f"encoder_block_{i}", tensors, f"model.encoder.layers.{i}", ENCODER_SUBLAYERS, num_heads)
+        found |= block_weights(f"decoder_block_{i}", tensors, f"{prefix}.layers.{i}", DECODER_SUBLAYERS, num_heads)
+    return found, shared
+
+
+def build_translator(model_fields, found, shared, ids, tokenizer, settings, dtype, source):
+    """Our Transformer with the converted weights, and its `Translator`
+    (fairseq's and FSMT's converters share this)."""
+    from keras_transformer.decoding.translator import Translator
+    from keras_transformer.models.transformer import Transformer
+
+    model = Transformer(
+        vocabulary_size=ids.vocabulary_size,
+        share_embeddings=shared == "all",
+        share_target_embeddings=shared == "target",
+        dtype=dtype,
+        name="transformer",
+        **model_fields,
+    )
+    assign(model, found, source)
+    return Translator(model, tokenizer, max_source_length=min(512, model.max_length), **settings)
+
+
+def tokenizer_settings(directory, config):
+    """The languages and lowercasing of FSMT's tokenizer, from
+    `tokenizer_config.json` (else config.json's `langs`)."""
+    path = os.path.join(directory, "tokenizer_config.json")
+    settings = read_json_object(path) if os.path.isfile(path) else {}
+    languages = settings.get("langs") or config.get("langs")
+    if not isinstance(languages, (list, tuple)) or len(languages) != 2:
+        raise ConversionError(
+            f"{directory}: tokenizer_config.json and config.json name no language pair; expected langs such as "
+            f'["en", "de"]. Received: langs={languages!r}'
+        )
+    return languages, bool(settings.get("do_lower_case", False))
+
+
+def convert(directory, output, dtype=None):
+    """Writes the translator of the FSMT checkpoint in `directory` into
+    the (temporary) directory `output`; returns our `Translator`."""
+    config = read_config(directory)
+    source = os.path.abspath(directory)
+    for name in MosesBpeTokenizer.FILES:
+        if not os.path.isfile(os.path.join(directory, name)):
+            raise ConversionError(f"{source} has no {name}. Expected FSMT's tokenizer files beside config.json.")
+    languages, lowercase = tokenizer_settings(directory, config)
+    unknown = read_json_object(os.path.join(directory, "vocab-src.json")).get("<unk>", 3)
+    model_fields = model_config(config, source)
+    ids = id_map(config, unknown)
+    found, shared = weights(config, read_tensors(directory), ids)
+    for name in MosesBpeTokenizer.FILES:
+        shutil.copyfile(os.path.join(directory, name), os.path.join(output, name))
+    tokenizer = MosesBpeTokenizer(output, ids, *languages, lowercase=lowercase)
+    translator = build_translator(
+        model_fields, found, shared, ids, tokenizer, search_settings(directory, config), dtype, source
+    )
+    translator.save(output)
+    return translator
