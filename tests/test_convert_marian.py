@@ -182,3 +182,12 @@ def test_fine_tuning_a_converted_translator_lowers_the_validation_loss(converted
     assert tuned.model.vocabulary_size == translator.model.vocabulary_size
     assert (tuned.model.activation, tuned.length_penalty) == ("swish", "power")
     assert tuned.tokenizer.tokenize(SENTENCES) == translator.tokenizer.tokenize(SENTENCES)
+
+
+def test_export_says_a_converted_tokenizer_has_no_graph_version(converted, tmp_path):
+    from keras_transformer.export import export_saved_model
+
+    _, _, translator, _ = converted
+    with pytest.raises(ValueError, match="converted translator whose tokenizer is a MarianTokenizer"):
+        export_saved_model(translator, tmp_path / "exported")
+    assert not os.path.exists(tmp_path / "exported")

@@ -125,6 +125,13 @@ def export_saved_model(translator, path, max_request_tokens=None, max_request_ro
         `path`.
     """
     path = os.fspath(path)
+    if not isinstance(translator.tokenizer, SubwordTokenizer):
+        # Its tokenizer runs in Python alone: the graph's is SentencePiece's op on our model.
+        raise ValueError(
+            f"export takes translators with the package's SentencePiece vocabulary (subword.model). "
+            f"Received a converted translator whose tokenizer is a {type(translator.tokenizer).__name__}, "
+            "which has no in-graph version yet; serve it with Translator in Python."
+        )
     one_row = request_budget(translator, rows=1)
     max_request_tokens, max_request_rows = request_bounds(translator, max_request_tokens, max_request_rows)
     if isinstance(max_request_rows, bool) or not isinstance(max_request_rows, int) or max_request_rows < 1:
