@@ -67,7 +67,7 @@ def random_opus_mt(directory):
         json.dump({token: i for i, token in enumerate(marian_tokens(OPUS_MT_EN_DE["vocab_size"]))}, file)
     pieces = io.BytesIO()
     sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(["w2 w3 w4 w5 w6 w7 w8 w9"] * 20), model_writer=pieces, vocab_size=12, minloglevel=2,
+        sentence_iterator=iter(["w2 w3 w4 w5 w6 w7 w8 w9"] * 20), model_writer=pieces, vocab_size=14, minloglevel=2,
     )
     for name in ("source.spm", "target.spm"):
         with open(os.path.join(directory, name), "wb") as file:

@@ -72,7 +72,7 @@ def learn_tokenizer(directory, source_size=150, target_size=190):
     return codes.getvalue()
 
 
-def fsmt_directory(directory, d_model=32, layers=2, heads=4, encoder_ffn=64, decoder_ffn=48, seed=0):
+def fsmt_directory(directory, d_model=32, layers=2, heads=4, encoder_ffn=64, decoder_ffn=48, eos_bias=1.4, seed=0):
     """A random `FSMTForConditionalGeneration` with its tokenizer, saved
     into `directory`. Returns `(model, tokenizer, codes)`."""
     import torch
@@ -91,14 +91,20 @@ def fsmt_directory(directory, d_model=32, layers=2, heads=4, encoder_ffn=64, dec
         decoder_attention_heads=heads, encoder_ffn_dim=encoder_ffn, decoder_ffn_dim=decoder_ffn,
         activation_function="gelu", max_position_embeddings=128, scale_embedding=True, tie_word_embeddings=False,
         # Our search stops at its limit without forcing EOS there.
-        forced_eos_token_id=None, num_beams=4, length_penalty=1.2,
+        forced_eos_token_id=None, num_beams=4, length_penalty=1.0,
     )
     torch.manual_seed(seed)
     model = randomize(FSMTForConditionalGeneration(config).eval(), seed)
-    with torch.no_grad():  # logits of a few units, not FSMT's initial tenths
-        for matrix in (model.model.encoder.embed_tokens, model.model.decoder.embed_tokens,
-                       model.model.decoder.output_projection):
-            matrix.weight.normal_(0.0, 0.3)
+    decoder = model.model.decoder
+    with torch.no_grad():  # logits of a unit or two, not FSMT's initial tenths
+        for matrix, scale in ((model.model.encoder.embed_tokens, 0.3), (decoder.embed_tokens, 0.3),
+                              (decoder.output_projection, 0.1)):
+            matrix.weight.normal_(0.0, scale)
+        # FSMT has no logits bias; one output coordinate held at 1 makes a
+        # column of the projection one, raising EOS so that searches end.
+        norm = decoder.layers[-1].final_layer_norm
+        norm.weight[0], norm.bias[0] = 0.0, 1.0
+        decoder.output_projection.weight[config.eos_token_id, 0] = eos_bias
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return model, tokenizer, codes
@@ -136,7 +142,7 @@ def fairseq_directory(directory, model, codes, source_directory, args="args"):
     model = copy.deepcopy(model)
     decoder = model.model.decoder
     with torch.no_grad():
-        decoder.output_projection.weight.copy_(decoder.embed_tokens.weight)
+        decoder.embed_tokens.weight.copy_(decoder.output_projection.weight)
     state = {name[len("model."):]: tensor.clone() for name, tensor in model.state_dict().items()
              if name.startswith("model.") and "embed_positions" not in name}
     del state["decoder.output_projection.weight"]
@@ -159,13 +165,13 @@ def fairseq_directory(directory, model, codes, source_directory, args="args"):
         "share_all_embeddings": False, "share_decoder_input_output_embed": True,
         "max_source_positions": config.max_position_embeddings, "max_target_positions": config.max_position_embeddings,
         "encoder_learned_pos": False, "decoder_learned_pos": False, "bpe": "subword_nmt", "tokenizer": "moses",
-        "beam": 4, "lenpen": 1.2,
+        "beam": 5, "lenpen": 1.0,
     }
     checkpoint = {"model": state}
     if args == "args":
         checkpoint["args"] = argparse.Namespace(**architecture)
     else:  # fairseq >= 0.10 saves its configuration as plain dictionaries
-        checkpoint["cfg"] = {"model": architecture, "generation": {"beam": 4, "lenpen": 1.2}}
+        checkpoint["cfg"] = {"model": architecture, "generation": {"beam": 5, "lenpen": 1.0}}
     torch.save(checkpoint, os.path.join(directory, "model.pt"))
     for name, language in (("vocab-src.json", LANGUAGES[0]), ("vocab-tgt.json", LANGUAGES[1])):
         with open(os.path.join(source_directory, name), encoding="utf-8") as file:

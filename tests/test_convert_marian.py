@@ -184,10 +184,17 @@ def test_fine_tuning_a_converted_translator_lowers_the_validation_loss(converted
     assert tuned.tokenizer.tokenize(SENTENCES) == translator.tokenizer.tokenize(SENTENCES)
 
 
-def test_export_says_a_converted_tokenizer_has_no_graph_version(converted, tmp_path):
+@in_one_pass("tensorflow", "the export is a TensorFlow graph under every backend (a TensorFlow process exports for the others)")
+def test_the_export_translates_text_as_the_translator_does(converted, tmp_path):
+    import tensorflow as tf
+
     from keras_transformer.export import export_saved_model
 
     _, _, translator, _ = converted
-    with pytest.raises(ValueError, match="converted translator whose tokenizer is a MarianTokenizer"):
-        export_saved_model(translator, tmp_path / "exported")
-    assert not os.path.exists(tmp_path / "exported")
+    texts = SENTENCES + [">>deu<< The dog sleeps.", "", "  Two  spaces, ünïcödé."]
+    export_saved_model(translator, tmp_path / "exported")
+    serve = tf.saved_model.load(str(tmp_path / "exported")).signatures["serving_default"]
+    served = serve(text=tf.constant(texts))
+    assert [text.decode() for text in served["translation"].numpy()] == translator.translate(texts)
+    scores = [hypotheses[0][1] for hypotheses in translator.n_best(texts)]
+    np.testing.assert_allclose(served["score"].numpy(), scores, atol=1e-4)

@@ -85,7 +85,7 @@ def test_tokenizes_with_the_ops_the_exported_graph_uses(tokenizer):
     tf = pytest.importorskip("tensorflow", reason="the export's graph tokenizer is TensorFlow's")
     import tensorflow_text
 
-    from keras_transformer.export.saved_model import detokenize_exactly
+    from keras_transformer.export.graph_tokenizers import detokenize_exactly
 
     lines = ["Zwei Hunde.", "  Two dogs. ", "naïve café 🙂", ""]
     graph = tensorflow_text.SentencepieceTokenizer(model=tokenizer.proto, out_type=tf.int32)

@@ -11,7 +11,6 @@ length^alpha.
 
 import json
 import os
-import shutil
 
 import numpy as np
 
@@ -146,10 +145,7 @@ def convert(directory, output, dtype=None):
         **model_config(config, source),
     )
     assign(model, weights(config, read_tensors(directory), ids, shared), source)
-    for name in MarianTokenizer.FILES:
-        if os.path.isfile(os.path.join(directory, name)):
-            shutil.copyfile(os.path.join(directory, name), os.path.join(output, name))
-    tokenizer = MarianTokenizer(output, ids)
+    tokenizer = MarianTokenizer.from_directory(directory, ids)
     translator = Translator(
         model, tokenizer, max_source_length=min(512, model.max_length), **search_settings(directory, config)
     )

@@ -11,7 +11,6 @@ own ids. Multilingual models take a target-language token such as
 import hashlib
 import json
 import os
-import shutil
 
 import numpy as np
 import sentencepiece
@@ -24,11 +23,16 @@ KIND = "marian"
 SPACE_MARK = "\u2581"
 
 
-def _read_vocabulary(path):
-    vocabulary = read_json_object(path)
+def _read_vocabulary(content, name):
+    try:
+        vocabulary = json.loads(content)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{name} cannot be read as JSON ({error}).") from None
+    if not isinstance(vocabulary, dict):
+        raise ValueError(f"{name} must be a JSON object of pieces to ids. Received: {type(vocabulary).__name__}")
     wrong = [(piece, i) for piece, i in vocabulary.items() if not isinstance(i, int) or isinstance(i, bool) or i < 0]
     if wrong:
-        raise ValueError(f"{path} must map pieces to ids >= 0. Received: {wrong[0][0]!r}: {wrong[0][1]!r}")
+        raise ValueError(f"{name} must map pieces to ids >= 0. Received: {wrong[0][0]!r}: {wrong[0][1]!r}")
     return vocabulary
 
 
@@ -36,8 +40,9 @@ class MarianTokenizer:
     """Marian's tokenization, with our ids.
 
     Args:
-        directory: holds `source.spm`, `target.spm`, `vocab.json` and, for
-            separate vocabularies, `target_vocab.json`.
+        files: the contents (bytes) of `source.spm`, `target.spm`,
+            `vocab.json` and, for separate vocabularies, `target_vocab.json`,
+            by name.
         id_map: the `IdMap` from Marian's ids to ours.
 
     Ids 0 to 3 are ours: `padding_id`, `unknown_id`, `bos_id`, `eos_id`.
@@ -49,37 +54,49 @@ class MarianTokenizer:
     eos_id = 3
     FILES = ("source.spm", "target.spm", "vocab.json", "target_vocab.json")
 
-    def __init__(self, directory, id_map):
-        self.directory = directory
+    def __init__(self, files, id_map):
+        missing = [name for name in self.FILES[:3] if name not in files]
+        if missing:
+            raise ValueError(f"A Marian tokenizer needs {list(self.FILES[:3])}. Received no {missing[0]}.")
+        self.files = dict(files)
         self.id_map = id_map
         self.vocabulary_size = id_map.vocabulary_size
-        self._source = sentencepiece.SentencePieceProcessor(model_file=os.path.join(directory, "source.spm"))
-        self._target = sentencepiece.SentencePieceProcessor(model_file=os.path.join(directory, "target.spm"))
-        self.source_vocabulary = _read_vocabulary(os.path.join(directory, "vocab.json"))
-        target_path = os.path.join(directory, "target_vocab.json")
-        self.separate_vocabularies = os.path.isfile(target_path)
+        self._source = sentencepiece.SentencePieceProcessor(model_proto=files["source.spm"])
+        self._target = sentencepiece.SentencePieceProcessor(model_proto=files["target.spm"])
+        self.source_vocabulary = _read_vocabulary(files["vocab.json"], "vocab.json")
+        self.separate_vocabularies = "target_vocab.json" in files
         self.target_vocabulary = (
-            _read_vocabulary(target_path) if self.separate_vocabularies else self.source_vocabulary
+            _read_vocabulary(files["target_vocab.json"], "target_vocab.json")
+            if self.separate_vocabularies else self.source_vocabulary
         )
         self._target_pieces = {i: piece for piece, i in self.target_vocabulary.items()}
-        unknown = id_map.special["unknown"]
-        self._published_unknown = unknown
+        self._published_unknown = id_map.special["unknown"]
         # Marian's own special ids, which detokenizing drops.
         self._published_special = {id_map.special[name] for name in ("padding", "eos", "unknown", "start")}
 
     @classmethod
+    def from_directory(cls, directory, id_map):
+        """Reads Marian's files (`source.spm`, `target.spm`, `vocab.json`,
+        `target_vocab.json` if any) from `directory`."""
+        files = {}
+        for name in cls.FILES:
+            path = os.path.join(directory, name)
+            if os.path.isfile(path):
+                with open(path, "rb") as file:
+                    files[name] = file.read()
+        return cls(files, id_map)
+
+    @classmethod
     def load(cls, directory):
         config = read_json_object(os.path.join(directory, "tokenizer.json"))
-        return cls(directory, IdMap.from_config(config["ids"]))
+        return cls.from_directory(directory, IdMap.from_config(config["ids"]))
 
     def save(self, directory):
-        """Copies the SentencePiece models and vocabularies into
+        """Writes the SentencePiece models and vocabularies into
         `directory`, with `tokenizer.json` (the kind and the ids)."""
         os.makedirs(directory, exist_ok=True)
-        for name in self.FILES:
-            path = os.path.join(self.directory, name)
-            if os.path.isfile(path) and os.path.abspath(self.directory) != os.path.abspath(directory):
-                shutil.copyfile(path, os.path.join(directory, name))
+        for name, content in self.files.items():
+            write_atomically(os.path.join(directory, name), content)
         write_atomically(
             os.path.join(directory, "tokenizer.json"),
             json.dumps({"kind": KIND, "vocabulary_size": self.vocabulary_size, "ids": self.id_map.get_config()}, indent=2),
@@ -88,10 +105,7 @@ class MarianTokenizer:
     def fingerprint(self):
         digest = hashlib.sha256(KIND.encode())
         for name in self.FILES:
-            path = os.path.join(self.directory, name)
-            if os.path.isfile(path):
-                with open(path, "rb") as file:
-                    digest.update(file.read())
+            digest.update(self.files.get(name, b""))
         return digest.hexdigest()[:16]
 
     def published_ids(self, text, target=False):

@@ -20,18 +20,15 @@ import sys
 import tempfile
 
 import keras
-import sentencepiece
 import tensorflow as tf
-import tensorflow_text
 
 from keras_transformer.data.pipeline import bucket_lengths
-from keras_transformer.data.tokenizer import SPACE_MARK
-from keras_transformer.data.tokenizer import SubwordTokenizer
 from keras_transformer.decoding.steps import search_translations
+from keras_transformer.export.graph_tokenizers import SUBWORD_ASSET  # noqa: F401 - the asset clients read
+from keras_transformer.export.graph_tokenizers import graph_tokenizer
 
 TEXT_SIGNATURE = "serving_default"
 IDS_SIGNATURE = "translate_ids"
-SUBWORD_ASSET = "subword.model"
 SETTINGS_ASSET = "translator.json"
 # An export in progress: hidden from TF Serving, which loads numbered folders.
 PARTIAL_PREFIX = ".partial-"
@@ -125,13 +122,7 @@ def export_saved_model(translator, path, max_request_tokens=None, max_request_ro
         `path`.
     """
     path = os.fspath(path)
-    if not isinstance(translator.tokenizer, SubwordTokenizer):
-        # Its tokenizer runs in Python alone: the graph's is SentencePiece's op on our model.
-        raise ValueError(
-            f"export takes translators with the package's SentencePiece vocabulary (subword.model). "
-            f"Received a converted translator whose tokenizer is a {type(translator.tokenizer).__name__}, "
-            "which has no in-graph version yet; serve it with Translator in Python."
-        )
+    graph_tokenizer(translator.tokenizer)  # refuses a tokenizer with no TensorFlow op, before any work
     one_row = request_budget(translator, rows=1)
     max_request_tokens, max_request_rows = request_bounds(translator, max_request_tokens, max_request_rows)
     if isinstance(max_request_rows, bool) or not isinstance(max_request_rows, int) or max_request_rows < 1:
@@ -159,14 +150,17 @@ def export_saved_model(translator, path, max_request_tokens=None, max_request_ro
 
 
 def _write_saved_model(translator, path, max_request_tokens, max_request_rows):
+    tokenizer = graph_tokenizer(translator.tokenizer)
     with tempfile.TemporaryDirectory() as assets:
-        subword_file = os.path.join(assets, SUBWORD_ASSET)
-        with open(subword_file, "wb") as file:
-            file.write(translator.tokenizer.proto)
+        asset_files = []
+        for name, content in tokenizer.assets().items():
+            asset_files.append(os.path.join(assets, name))
+            with open(asset_files[-1], "wb") as file:
+                file.write(content)
         settings_file = os.path.join(assets, SETTINGS_ASSET)
         with open(settings_file, "w") as file:
             json.dump(_settings(translator, max_request_tokens, max_request_rows), file, indent=2)
-        module = _serving_module(translator, subword_file, settings_file, max_request_tokens, max_request_rows)
+        module = _serving_module(translator, tokenizer, asset_files, settings_file, max_request_tokens, max_request_rows)
         tf.saved_model.save(
             module,
             path,
@@ -195,40 +189,16 @@ def _settings(translator, max_request_tokens, max_request_rows):
     }
 
 
-def detokenize_exactly(sentencepiece_op, ids):
-    """Text from `[batch, None]` ragged ids, with the spaces it began with.
-
-    The graph twin of `SubwordTokenizer.detokenize`: `sentencepiece_op` is a
-    `tensorflow_text.SentencepieceTokenizer`. Padding, BOS and EOS ids are
-    dropped; SentencePiece decodes the rest, and the leading spaces its
-    decoder drops (the marks after the first) are put back.
-    """
-    kept = tf.ragged.boolean_mask(
-        ids,
-        (ids != SubwordTokenizer.padding_id)
-        & (ids != SubwordTokenizer.bos_id)
-        & (ids != SubwordTokenizer.eos_id),
-    )
-    text = sentencepiece_op.detokenize(kept)
-    pieces = tf.strings.reduce_join(sentencepiece_op.id_to_string(kept), axis=-1)
-    marks = tf.strings.regex_replace(pieces, f"(?s)^{SPACE_MARK}({SPACE_MARK}*).*$", r"\1")
-    marks = tf.where(tf.strings.regex_full_match(pieces, f"(?s){SPACE_MARK}.*"), marks, "")
-    return tf.strings.regex_replace(marks, SPACE_MARK, " ") + text
-
-
 def max_source_bytes(translator):
     """The bytes a text is cut to before tokenizing: twice what
     `max_source_length` pieces of the vocabulary's longest piece (in UTF-8)
     can span, so that the first `max_source_length` tokens stay as they
     were, unless the cut falls inside a word that long."""
-    processor = sentencepiece.SentencePieceProcessor(model_proto=translator.tokenizer.proto)
-    longest = max(
-        len(processor.id_to_piece(i).encode("utf-8")) for i in range(processor.vocab_size())
-    )
+    longest = max(len(piece.encode("utf-8")) for piece in graph_tokenizer(translator.tokenizer).pieces())
     return 2 * translator.max_source_length * longest
 
 
-def _serving_module(translator, subword_file, settings_file, max_request_tokens, max_request_rows):
+def _serving_module(translator, graph_tokens, asset_files, settings_file, max_request_tokens, max_request_rows):
     """A `tf.Module` holding the weights, the tokenizer and both functions."""
     model = translator.model
     tokenizer = translator.tokenizer
@@ -239,10 +209,8 @@ def _serving_module(translator, subword_file, settings_file, max_request_tokens,
     byte_limit = max_source_bytes(translator)
 
     module = tf.Module()
-    module.tokenizer = tensorflow_text.SentencepieceTokenizer(
-        model=tokenizer.proto, out_type=tf.int32
-    )
-    module.subword_model = tf.saved_model.Asset(subword_file)
+    module.tokenizer = graph_tokens
+    module.tokenizer_files = [tf.saved_model.Asset(path) for path in asset_files]
     module.settings = tf.saved_model.Asset(settings_file)
 
     def search(source_ids, sentence_max_length):
@@ -325,9 +293,7 @@ def _serving_module(translator, subword_file, settings_file, max_request_tokens,
         text = tf.where(tf.strings.regex_full_match(text, _BLANK), "", text)
         source_ids = module.tokenizer.tokenize(text)
         target_ids, scores = translate_rows(source_ids)
-        translation = detokenize_exactly(
-            module.tokenizer, tf.RaggedTensor.from_tensor(target_ids, padding=0)
-        )
+        translation = module.tokenizer.detokenize(tf.RaggedTensor.from_tensor(target_ids, padding=0))
         return {"translation": translation, "score": scores}
 
     @tf.function(

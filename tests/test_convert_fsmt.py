@@ -1,0 +1,207 @@
+"""fairseq's translators converted, from transformers' FSMT layout and
+from fairseq's own checkpoint: the same logits, searches and tokens as
+transformers' `FSMTForConditionalGeneration` and `FSMTTokenizer`, on
+every backend, from one tiny random model built offline."""
+
+import json
+import os
+import shutil
+
+import keras
+import numpy as np
+import pytest
+
+from fsmt_fixtures import SENTENCES
+from fsmt_fixtures import fairseq_directory
+from fsmt_fixtures import fsmt_directory
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("sacremoses")
+
+from keras_transformer.convert import ConversionError  # noqa: E402
+from keras_transformer.convert import convert  # noqa: E402
+from keras_transformer.data.moses_bpe import MosesBpeTokenizer  # noqa: E402
+from keras_transformer.data.tokenizers import load_tokenizer  # noqa: E402
+from keras_transformer.decoding import Translator  # noqa: E402
+
+MAX_EXTRA_LENGTH = 10
+EOS = 2  # fairseq's </s>, where decoding also starts
+# Text that each step of Moses' normalization and FSMT's special tokens change.
+TRICKY = [
+    "  “Quoted”，full-width：digits １２３。Next sentence… (ok)  ",
+    "Zero\u200bwidth and\ttabs & <tags> [brackets] 'quotes' 50% e-mail",
+    "Hello <unk> world </s> again <pad>",
+]
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory):
+    """The random FSMT model in transformers' layout, and the same weights
+    (its decoder's output tied to its input) as fairseq's checkpoint."""
+    root = tmp_path_factory.mktemp("fsmt")
+    model, tokenizer, codes = fsmt_directory(root / "fsmt")
+    tied = fairseq_directory(root / "fairseq", model, codes, root / "fsmt")
+    return root, {"fsmt": model, "fairseq": tied}, tokenizer
+
+
+@pytest.fixture(scope="module", params=["fsmt", "fairseq"])
+def converted(request, published):
+    """transformers' model of the layout, its tokenizer, our translator
+    converted from the layout's directory, and that directory."""
+    root, models, tokenizer = published
+    output = root / f"ours_{request.param}"
+    return models[request.param], tokenizer, convert(root / request.param, output), output
+
+
+def _published_logits(translator, source_ids, target_ids):
+    """Our logits, `[batch, length, our vocabulary]`, from published ids."""
+    id_map = translator.tokenizer.id_map
+    source = np.array([id_map.to_ours(row) for row in source_ids])
+    target = np.array([id_map.to_ours(row) for row in target_ids])
+    target[:, 0] = translator.tokenizer.bos_id
+    return keras.ops.convert_to_numpy(translator.model({"source_ids": source, "target_ids": target}))
+
+
+def test_teacher_forced_logits_equal_transformers(converted):
+    model, tokenizer, translator, _ = converted
+    batch = tokenizer(SENTENCES, return_tensors="np", padding=True)
+    target_ids = np.array([[EOS, 5, 9, 14, 7, 30, 3, 40]] * len(SENTENCES))
+    with torch.no_grad():  # FSMT drops its causal mask when it caches
+        theirs = model(
+            input_ids=torch.tensor(batch["input_ids"]), attention_mask=torch.tensor(batch["attention_mask"]),
+            decoder_input_ids=torch.tensor(target_ids), use_cache=False,
+        ).logits.numpy()
+    ours = _published_logits(translator, batch["input_ids"], target_ids)
+    id_map = translator.tokenizer.id_map
+    np.testing.assert_allclose(ours[..., id_map.ours_of_published[: theirs.shape[-1]]], theirs, atol=1e-5, rtol=0)
+    # Our BOS (a copy of </s>) and the rows the target vocabulary lacks
+    # (the source's is larger) sit far below every published logit.
+    absent = [translator.tokenizer.bos_id] + id_map.to_ours(range(theirs.shape[-1], id_map.size))
+    assert len(absent) > 1 and ours[..., absent].max() < theirs.min() - 40
+
+
+def test_position_table_equals_fairseq_sinusoids(published, converted):
+    model = published[1]["fsmt"]
+    table = keras.ops.convert_to_numpy(converted[2].model.get_layer("position_table").weights[0])
+    # Our row k is fairseq's position k + 2 (positions start after padding).
+    theirs = model.model.encoder.embed_positions.weight.detach().numpy()[2 : 2 + len(table)]
+    np.testing.assert_allclose(table, theirs, atol=2e-7, rtol=0)
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_searches_equal_generate(converted, beam_size):
+    model, tokenizer, _, output = converted
+    translator = Translator.load(output, beam_size=beam_size, max_extra_length=MAX_EXTRA_LENGTH)
+    found = translator.search(SENTENCES)
+    ended = 0
+    for i, sentence in enumerate(SENTENCES):
+        source_ids, ids, scores = found[i]
+        limit = len(source_ids) - 1 + MAX_EXTRA_LENGTH
+        with torch.no_grad():
+            generated = model.generate(
+                **tokenizer([sentence], return_tensors="pt"), num_beams=beam_size, do_sample=False,
+                max_new_tokens=limit, length_penalty=translator.alpha, early_stopping="never" if beam_size > 1 else False,
+                output_scores=True, return_dict_in_generate=True,
+            )
+        theirs = generated.sequences[0, 1:].tolist()
+        theirs = theirs[: theirs.index(EOS) + 1] if EOS in theirs else theirs
+        ours = translator.tokenizer.id_map.to_published(ids[0].tolist())
+        ours = ours[: ours.index(EOS) + 1] if EOS in ours else ours[:limit]
+        assert ours == theirs, f"sentence {i}: ours {ours}, transformers' {theirs}"
+        ended += theirs[-1] == EOS
+        if beam_size > 1:
+            np.testing.assert_allclose(scores[0], generated.sequences_scores[0].item(), atol=1e-4)
+    assert ended >= 1  # the searches end, not only run to their limit
+
+
+def test_tokenizer_equals_fsmt_tokenizer(converted, tmp_path):
+    from transformers import FSMTTokenizer
+
+    _, tokenizer, translator, output = converted
+    ours = translator.tokenizer
+    for sentence in SENTENCES + TRICKY:
+        published = tokenizer(sentence)["input_ids"]
+        assert ours.published_ids(sentence) + [EOS] == published, sentence
+        assert ours.id_map.to_published(ours.tokenize(sentence)) == published[:-1]
+    # FSMT tokenizes only sources; one whose source side is the target
+    # vocabulary and language is the oracle of our targets.
+    target_side = FSMTTokenizer(
+        langs=["de", "de"], src_vocab_file=str(output / "vocab-tgt.json"),
+        tgt_vocab_file=str(output / "vocab-tgt.json"), merges_file=str(output / "merges.txt"),
+    )
+    targets = [target_side(text)["input_ids"][:-1] for text in SENTENCES + TRICKY]
+    assert [ours.id_map.to_published(row) for row in ours.tokenize_target(SENTENCES + TRICKY)] == targets
+    rows = targets + [[EOS, 0, 5, 3, 7, 1, EOS, 9]]  # special ids are dropped
+    for row in rows:
+        assert ours.detokenize(ours.id_map.to_ours(row)) == tokenizer.decode(row, skip_special_tokens=True)
+    assert ours.detokenize(np.array([ours.id_map.to_ours(rows[0])] * 2)) == [tokenizer.decode(rows[0], skip_special_tokens=True)] * 2
+
+
+def test_saved_translator_loads_exactly(converted):
+    model, tokenizer, translator, output = converted
+    loaded = Translator.load(output)
+    expected_beam = 4 if output.name.endswith("fsmt") else 5  # config.json's num_beams; fairseq's beam
+    assert (loaded.beam_size, loaded.alpha, loaded.length_penalty) == (expected_beam, 1.0, "power")
+    assert isinstance(loaded.tokenizer, MosesBpeTokenizer)
+    assert loaded.tokenizer.fingerprint() == translator.tokenizer.fingerprint() == load_tokenizer(output).fingerprint()
+    inputs = {"source_ids": np.array([[5, 9, 14, 3]]), "target_ids": np.array([[2, 7, 30]])}
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(loaded.model(inputs)), keras.ops.convert_to_numpy(translator.model(inputs))
+    )
+    assert (loaded.model.activation, loaded.model.decoder_d_ff) == ("gelu", 48)
+    sentences = SENTENCES[:2]
+    translations = loaded.translate(sentences)
+    assert translations == translator.translate(sentences)
+    for sentence, translation in zip(sentences, translations):
+        batch = tokenizer([sentence], return_tensors="pt")
+        with torch.no_grad():
+            generated = model.generate(
+                **batch, num_beams=loaded.beam_size, do_sample=False, early_stopping="never",
+                max_new_tokens=batch["input_ids"].shape[1] - 1 + loaded.max_extra_length, length_penalty=1.0,
+            )
+        assert translation == tokenizer.decode(generated[0], skip_special_tokens=True)
+
+
+def _fails_cleanly(source, output, match):
+    with pytest.raises(ConversionError, match=match):
+        convert(source, output)
+    assert not os.path.exists(output)
+    assert [name for name in os.listdir(os.path.dirname(output)) if "converting" in name] == []
+
+
+def _edit_json(path, **changes):
+    with open(path) as file:
+        config = json.load(file)
+    with open(path, "w") as file:
+        json.dump(config | changes, file)
+
+
+def test_bad_checkpoints_say_what_was_found(published, tmp_path):
+    from safetensors.numpy import load_file
+    from safetensors.numpy import save_file
+
+    root = published[0]
+    fsmt, fairseq, output = tmp_path / "fsmt", tmp_path / "fairseq", str(tmp_path / "out")
+    shutil.copytree(root / "fsmt", fsmt)
+    shutil.copytree(root / "fairseq", fairseq)
+    _edit_json(fsmt / "config.json", model_type="bert")
+    _fails_cleanly(fsmt, output, "type 'bert'. Supported: ")
+    _edit_json(fsmt / "config.json", model_type="fsmt", activation_function="gelu_new")
+    _fails_cleanly(fsmt, output, "activation 'gelu_new'. Supported: ")
+    _edit_json(fsmt / "config.json", activation_function="gelu")
+    tensors = load_file(fsmt / "model.safetensors")
+    tensors["model.encoder.layers.0.fc1.weight"] = np.zeros((80, 32), np.float32)
+    save_file(tensors, fsmt / "model.safetensors")
+    _fails_cleanly(fsmt, output, r"inner_dense/kernel has shape \(32, 80\); expected \(32, 64\)")
+    os.remove(fsmt / "model.safetensors")
+    _fails_cleanly(fsmt, output, "has no weights. Expected model.safetensors")
+
+    checkpoint = torch.load(fairseq / "model.pt", weights_only=False)
+    for change, match in (({"encoder_normalize_before": True}, r"encoder_normalize_before=True \(pre-LN blocks\)"),
+                          ({"activation_fn": "tanh"}, r"activation_fn='tanh'. Supported: \['gelu', 'relu', 'swish'\]")):
+        edited = dict(checkpoint, args=type(checkpoint["args"])(**(vars(checkpoint["args"]) | change)))
+        torch.save(edited, fairseq / "model.pt")
+        _fails_cleanly(fairseq, output, match)
+    torch.save(checkpoint, fairseq / "model.pt")
+    os.remove(fairseq / "dict.de.txt")
+    _fails_cleanly(fairseq, output, r"No dict.de.txt beside model.pt.*found \['dict.en.txt'\]")
