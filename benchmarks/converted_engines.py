@@ -2,8 +2,9 @@
 ours, transformers' `generate` and CTranslate2.
 
     pip install -e ".[benchmarks]"
-    KERAS_BACKEND=jax python benchmarks/converted_engines.py --json results/converted_engines_jax.json
+    KERAS_BACKEND=jax python benchmarks/converted_engines.py --json benchmarks/results/converted_engines_jax.json
     python benchmarks/converted_engines.py --batch-sizes 32 --rounds 1    # TensorFlow, one cell
+    python benchmarks/converted_engines.py --size tiny --batch-sizes 2 --rounds 1 --output-length 8   # a smoke run
 
 The model has opus-mt-en-de's published size and options (6+6 layers,
 d_model 512, 8 heads, feed-forward 2048, swish, vocabulary 58,101, a logits
@@ -43,16 +44,24 @@ from keras_transformer.convert import convert  # noqa: E402
 from keras_transformer.decoding import search_translations  # noqa: E402
 from keras_transformer.decoding.compiled import CompiledFunction  # noqa: E402
 
-# opus-mt-en-de's config.json, but for its weights.
+# opus-mt-en-de's config.json, but for its weights; "tiny" for a smoke run.
 OPUS_MT_EN_DE = {
     "vocab_size": 58101, "d_model": 512, "encoder_layers": 6, "decoder_layers": 6, "encoder_attention_heads": 8,
     "decoder_attention_heads": 8, "encoder_ffn_dim": 2048, "decoder_ffn_dim": 2048, "activation_function": "swish",
     "max_position_embeddings": 512, "scale_embedding": True, "share_encoder_decoder_embeddings": True,
     "pad_token_id": 58100, "decoder_start_token_id": 58100, "eos_token_id": 0,
 }
+SIZES = {
+    "opus-mt-en-de": OPUS_MT_EN_DE,
+    "tiny": OPUS_MT_EN_DE | {
+        "vocab_size": 500, "d_model": 32, "encoder_layers": 1, "decoder_layers": 1, "encoder_attention_heads": 2,
+        "decoder_attention_heads": 2, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "pad_token_id": 499,
+        "decoder_start_token_id": 499,
+    },
+}
 
 
-def random_opus_mt(directory):
+def random_opus_mt(directory, size):
     """A random `MarianMTModel` of opus-mt-en-de's size, saved with a
     tokenizer that names its 58,101 ids (SentencePiece models of a few
     pieces: the benchmark feeds ids, not text)."""
@@ -61,10 +70,10 @@ def random_opus_mt(directory):
     import sentencepiece
     import transformers
 
-    model = transformers.MarianMTModel(transformers.MarianConfig(**OPUS_MT_EN_DE)).eval()
+    model = transformers.MarianMTModel(transformers.MarianConfig(**size)).eval()
     model.save_pretrained(directory)
     with open(os.path.join(directory, "vocab.json"), "w") as file:
-        json.dump({token: i for i, token in enumerate(marian_tokens(OPUS_MT_EN_DE["vocab_size"]))}, file)
+        json.dump({token: i for i, token in enumerate(marian_tokens(size["vocab_size"]))}, file)
     pieces = io.BytesIO()
     sentencepiece.SentencePieceTrainer.train(
         sentence_iterator=iter(["w2 w3 w4 w5 w6 w7 w8 w9"] * 20), model_writer=pieces, vocab_size=14, minloglevel=2,
@@ -102,6 +111,7 @@ def ours(translator, beam_size, output_length, source_length, jit_compile):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", choices=sorted(SIZES), default="opus-mt-en-de")
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 32])
     parser.add_argument("--source-length", type=int, default=20)
     parser.add_argument("--output-length", type=int, default=40)
@@ -111,14 +121,18 @@ def main():
     parser.add_argument("--jit-compile", action="store_true", help="XLA under TensorFlow")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
-    args.vocabulary_size = OPUS_MT_EN_DE["vocab_size"]  # what `benchmark` draws sources from
+    size = SIZES[args.size]
+    args.vocabulary_size = size["vocab_size"]  # what `benchmark` draws sources from
     import keras
 
-    config = {"d_model": 512, "d_ff": 2048, "num_layers": 6, "vocabulary_size": args.vocabulary_size}
-    results = {"backend": keras.backend.backend(), "jit_compile": args.jit_compile, "model": OPUS_MT_EN_DE, "cells": {}}
+    config = {
+        "d_model": size["d_model"], "d_ff": size["encoder_ffn_dim"], "num_layers": size["encoder_layers"],
+        "vocabulary_size": args.vocabulary_size,
+    }
+    results = {"backend": keras.backend.backend(), "jit_compile": args.jit_compile, "model": size, "cells": {}}
     processes = CTranslate2Processes()
     with tempfile.TemporaryDirectory() as directory:
-        marian = random_opus_mt(os.path.join(directory, "transformers"))
+        marian = random_opus_mt(os.path.join(directory, "transformers"), size)
         translator = convert(os.path.join(directory, "transformers"), os.path.join(directory, "ours"))
         found = {}
         for search, beam_size in SEARCHES.items():
@@ -141,7 +155,7 @@ def main():
                 rows = benchmark(found, batch_size, args, config)
                 for row in rows.values():  # ours over every peer of the search, whatever its precision
                     row["ours/this"] = rows[named("ours", row["search"])]["sentences_per_second"] / row["sentences_per_second"]
-                print_table("opus-mt-en-de's size, converted", batch_size, rows)
+                print_table(f"{args.size}'s size, converted", batch_size, rows)
                 results["cells"][f"batch {batch_size}"] = rows
         finally:
             processes.close()

@@ -303,3 +303,20 @@ def test_batch_shapes_times_plain_and_aligned_rows_of_each_length(tmp_path):
         assert aligned["tokens"] % 8 == 0 and plain["tokens"] % 8
         assert all(side["first_fit_seconds"] > side["step_seconds"] > 0 for side in (plain, aligned))
     assert "aligned / plain" in result.stdout
+
+
+def test_converted_engines_time_ours_against_generate_and_ctranslate2_on_the_same_weights(tmp_path):
+    out = tmp_path / "converted.json"
+    stdout = run_benchmark(
+        "converted_engines.py", "--size", "tiny", "--batch-sizes", "2", "--source-length", "3",
+        "--output-length", "8", "--rounds", "1", "--settle", "0", "--json", str(out),
+    )
+    cells = json.loads(out.read_text())["cells"]["batch 2"]
+    peers = {"transformers generate", "ctranslate2 float32", "ctranslate2 int8"}
+    for search in ("", ", beam 4"):
+        for name in {"ours"} | peers:
+            row = cells[name + search]
+            assert row["sentences_per_second"] > 0
+            ours = cells["ours" + search]["sentences_per_second"]
+            assert row["ours/this"] == pytest.approx(ours / row["sentences_per_second"])
+    assert "tiny's size, converted, batch 2" in stdout
