@@ -102,6 +102,7 @@ def test_tokenizer_equals_marian_tokenizer(converted):
         assert ours.detokenize(ours.id_map.to_ours(row)) == expected
 
 
+@pytest.mark.parametrize("converted", ["shared"], indirect=True)
 def test_saved_translator_loads_exactly(converted):
     _, _, translator, root = converted
     loaded = Translator.load(root / "ours")
