@@ -4,7 +4,7 @@ transformers' FSMT layout (`save_pretrained`), one as fairseq writes it
 
 The tokenizer is learned here: Moses tokens of the built-in corpus, BPE
 merges learned with subword-nmt, and a source and a target vocabulary of
-different sizes, each missing some of the pieces (so that <unk> occurs).
+different sizes, the source's missing some pieces (so that <unk> occurs).
 LayerNorm weights and biases are randomized (`randomize`): the ones and
 zeros they start with would hide a porting error.
 """
@@ -100,8 +100,9 @@ def fsmt_directory(directory, d_model=32, layers=2, heads=4, encoder_ffn=64, dec
         for matrix, scale in ((model.model.encoder.embed_tokens, 0.3), (decoder.embed_tokens, 0.3),
                               (decoder.output_projection, 0.1)):
             matrix.weight.normal_(0.0, scale)
-        # FSMT has no logits bias; one output coordinate held at 1 makes a
-        # column of the projection one, raising EOS so that searches end.
+        # FSMT has no logits bias: the decoder's output coordinate 0, held
+        # at 1, makes the projection's column 0 one; EOS's entry there
+        # raises it, so that some searches end before their limit.
         norm = decoder.layers[-1].final_layer_norm
         norm.weight[0], norm.bias[0] = 0.0, 1.0
         decoder.output_projection.weight[config.eos_token_id, 0] = eos_bias
@@ -114,7 +115,9 @@ def _fairseq_dictionary(vocabulary):
     """fairseq's dict.txt: the pieces after the four implicit specials, in
     id order, spelt "piece@@" inside a word and "piece" at its end."""
     pieces = sorted(vocabulary, key=vocabulary.get)[len(SPECIALS):]
-    lines = [(piece[:-4] if piece.endswith("</w>") else piece + "@@") + f" {100 - i // 2}" for i, piece in enumerate(pieces)]
+    lines = [
+        (piece[:-4] if piece.endswith("</w>") else piece + "@@") + f" {100 - i // 2}" for i, piece in enumerate(pieces)
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -147,7 +150,7 @@ def fairseq_directory(directory, model, codes, source_directory, args="args"):
              if name.startswith("model.") and "embed_positions" not in name}
     del state["decoder.output_projection.weight"]
     config = model.config
-    for i in range(config.encoder_layers):
+    for i in range(config.encoder_layers):  # the decoder's keep today's names
         _old_attention(state, f"encoder.layers.{i}.self_attn")
         for old, new in (("0", "self_attn_layer_norm"), ("1", "final_layer_norm")):
             for kind in ("weight", "bias"):
@@ -163,15 +166,15 @@ def fairseq_directory(directory, model, codes, source_directory, args="args"):
         "activation_fn": config.activation_function, "dropout": 0.1, "attention_dropout": 0.0,
         "encoder_normalize_before": False, "decoder_normalize_before": False, "no_scale_embedding": False,
         "share_all_embeddings": False, "share_decoder_input_output_embed": True,
-        "max_source_positions": config.max_position_embeddings, "max_target_positions": config.max_position_embeddings,
+        "max_source_positions": config.max_position_embeddings,
+        "max_target_positions": config.max_position_embeddings,
         "encoder_learned_pos": False, "decoder_learned_pos": False, "bpe": "subword_nmt", "tokenizer": "moses",
-        "beam": 5, "lenpen": 1.0,
     }
     checkpoint = {"model": state}
-    if args == "args":
-        checkpoint["args"] = argparse.Namespace(**architecture)
+    if args == "args":  # fairseq's defaults of the search, as training saves them
+        checkpoint["args"] = argparse.Namespace(**architecture, beam=5, lenpen=1.0)
     else:  # fairseq >= 0.10 saves its configuration as plain dictionaries
-        checkpoint["cfg"] = {"model": architecture, "generation": {"beam": 5, "lenpen": 1.0}}
+        checkpoint["cfg"] = {"model": architecture, "generation": {"beam": 3, "lenpen": 0.8}}
     torch.save(checkpoint, os.path.join(directory, "model.pt"))
     for name, language in (("vocab-src.json", LANGUAGES[0]), ("vocab-tgt.json", LANGUAGES[1])):
         with open(os.path.join(source_directory, name), encoding="utf-8") as file:

@@ -25,22 +25,30 @@ from keras_transformer.convert.checkpoint import Tensors
 from keras_transformer.data.moses_bpe import END_OF_WORD
 from keras_transformer.data.moses_bpe import SPECIAL_TOKENS
 from keras_transformer.data.moses_bpe import MosesBpeTokenizer
-from keras_transformer.files import write_atomically
 
 ACTIVATIONS = ("gelu", "relu", "swish")
 # Options of fairseq's `transformer` that our blocks do not have, with the
 # value they must keep.
 UNSUPPORTED = {
-    "encoder_normalize_before": (False, "pre-LN blocks"), "decoder_normalize_before": (False, "pre-LN blocks"),
-    "no_scale_embedding": (False, "unscaled embeddings"), "layernorm_embedding": (False, "a norm on the embeddings"),
-    "encoder_learned_pos": (False, "learned positions"), "decoder_learned_pos": (False, "learned positions"),
-    "no_token_positional_embeddings": (False, "no positions"), "cross_self_attention": (False, "cross+self attention"),
-    "adaptive_softmax_cutoff": (None, "an adaptive softmax"), "adaptive_input": (False, "adaptive inputs"),
-    "moses_no_escape": (False, "Moses without XML escapes"), "moses_no_dash_splits": (False, "Moses without dash splits"),
+    "encoder_normalize_before": (False, "pre-LN blocks"),
+    "decoder_normalize_before": (False, "pre-LN blocks"),
+    "no_scale_embedding": (False, "unscaled embeddings"),
+    "layernorm_embedding": (False, "a norm on the embeddings"),
+    "encoder_learned_pos": (False, "learned positions"),
+    "decoder_learned_pos": (False, "learned positions"),
+    "no_token_positional_embeddings": (False, "no positions"),
+    "cross_self_attention": (False, "cross+self attention"),
+    "adaptive_softmax_cutoff": (None, "an adaptive softmax"),
+    "adaptive_input": (False, "adaptive inputs"),
+    "moses_no_escape": (False, "Moses without XML escapes"),
+    "moses_no_dash_splits": (False, "Moses without dash splits"),
 }
 # Tensors only those options make: a checkpoint with one is not our model.
-UNSUPPORTED_TENSORS = ("encoder.layer_norm.weight", "decoder.layer_norm.weight", "encoder.layernorm_embedding.weight",
-                       "decoder.layernorm_embedding.weight", "decoder.project_in_dim.weight", "encoder.embed_positions.weight")
+UNSUPPORTED_TENSORS = (
+    "encoder.layer_norm.weight", "decoder.layer_norm.weight", "encoder.layernorm_embedding.weight",
+    "decoder.layernorm_embedding.weight", "decoder.project_in_dim.weight", "decoder.project_out_dim.weight",
+    "encoder.embed_positions.weight", "decoder.embed_positions.weight",
+)
 
 
 def read_checkpoint(path):
@@ -64,8 +72,8 @@ def read_checkpoint(path):
 def architecture(checkpoint, path):
     """The model's settings (`args`, or `cfg["model"]`) as a dict, with
     the search's `beam` and `lenpen` where the checkpoint has them."""
-    cfg = checkpoint.get("cfg") or {}
-    args = cfg.get("model") if isinstance(cfg, dict) and cfg.get("model") is not None else checkpoint.get("args")
+    cfg = checkpoint.get("cfg") if isinstance(checkpoint.get("cfg"), dict) else {}
+    args = cfg["model"] if cfg.get("model") is not None else checkpoint.get("args")
     if isinstance(args, argparse.Namespace):
         args = vars(args)
     if not isinstance(args, dict) or not isinstance(checkpoint.get("model"), dict):
@@ -73,11 +81,13 @@ def architecture(checkpoint, path):
             f"{path} holds {sorted(checkpoint) if isinstance(checkpoint, dict) else type(checkpoint).__name__}. "
             'Expected fairseq\'s checkpoint: "model" (the state dict) and "args" or "cfg" {"model": ...}.'
         )
-    generation = cfg.get("generation") if isinstance(cfg, dict) and isinstance(cfg.get("generation"), dict) else args
+    generation = cfg.get("generation") if isinstance(cfg.get("generation"), dict) else args
+    # fairseq-generate's and fairseq-interactive's defaults.
     return dict(args, beam=generation.get("beam", 5), lenpen=generation.get("lenpen", 1.0))
 
 
 def check_architecture(args, tensors, path):
+    """Refuses what our post-LN blocks and tokenizer cannot reproduce."""
     for name, (expected, meaning) in UNSUPPORTED.items():
         if args.get(name) not in (expected, None):  # None: the option is not set
             raise ConversionError(f"{path}: {name}={args[name]!r} ({meaning}) is not supported; expected {expected}.")
@@ -89,7 +99,9 @@ def check_architecture(args, tensors, path):
         raise ConversionError(f"{path} uses activation_fn={name!r}. Supported: {list(ACTIVATIONS)}.")
     for option, supported in (("bpe", ("subword_nmt", "fastbpe")), ("tokenizer", ("moses",))):
         if args.get(option) not in (None,) + supported:
-            raise ConversionError(f"{path}: {option}={args[option]!r} is not supported; expected one of {list(supported)}.")
+            raise ConversionError(
+                f"{path}: {option}={args[option]!r} is not supported; expected one of {list(supported)}."
+            )
 
 
 def upgraded(state):
@@ -106,7 +118,8 @@ def upgraded(state):
             for part, third in zip(("q", "k", "v"), np.split(value, 3)):
                 found[f"{prefix}.{part}_proj.{kind}"] = third
             continue
-        for old, new in ((".layer_norms.0.", ".self_attn_layer_norm."), (".layer_norms.1.", ".final_layer_norm.")):
+        for old, new in ((".layer_norms.0.", ".self_attn_layer_norm."),
+                         (".layer_norms.1.", ".final_layer_norm.")):
             name = name.replace(old, new)
         found[name] = value
     return found
@@ -122,25 +135,27 @@ def fsmt_layout(args, state, path):
         output = tensors.first("decoder.output_projection.weight", "decoder.embed_out")
     renamed = {f"model.{name}": value for name, value in state.items() if name.startswith(("encoder.", "decoder."))}
     renamed["model.decoder.output_projection.weight"] = output
-    d_model = source.shape[1]
+    max_positions = max(args.get("max_source_positions", 1024), args.get("max_target_positions", 1024))
     config = {
         "src_vocab_size": len(source), "tgt_vocab_size": len(target),
-        "d_model": args.get("encoder_embed_dim", d_model),
+        "d_model": args.get("encoder_embed_dim", source.shape[1]),
         "activation_function": args.get("activation_fn", "relu"),
-        "max_position_embeddings": max(args.get("max_source_positions", 1024), args.get("max_target_positions", 1024)),
+        "max_position_embeddings": max_positions,
         "dropout": args.get("dropout", 0.1), "attention_dropout": args.get("attention_dropout", 0.0),
         "tie_word_embeddings": bool(args.get("share_all_embeddings")),
         "pad_token_id": 1, "decoder_start_token_id": 2, "eos_token_id": 2,
         "num_beams": args["beam"], "length_penalty": args["lenpen"],
     }
     for side in ("encoder", "decoder"):
-        config[f"{side}_ffn_dim"] = args.get(f"{side}_ffn_embed_dim", len(tensors.first(f"{side}.layers.0.fc1.weight")))
-        config[f"{side}_layers"] = args.get(f"{side}_layers", 1 + max(
-            int(name.split(".")[2]) for name in state if name.startswith(f"{side}.layers.")
-        ))
         if f"{side}_attention_heads" not in args:
             raise ConversionError(f"{path} gives no {side}_attention_heads in its args; expected the architecture's.")
         config[f"{side}_attention_heads"] = args[f"{side}_attention_heads"]
+        # Sizes the args leave out are the tensors'.
+        layers = {int(name.split(".")[2]) for name in state if name.startswith(f"{side}.layers.")}
+        config[f"{side}_layers"] = args.get(f"{side}_layers", len(layers))
+        config[f"{side}_ffn_dim"] = args.get(f"{side}_ffn_embed_dim") or len(
+            tensors.first(f"{side}.layers.0.fc1.weight")
+        )
     if args.get("decoder_embed_dim", config["d_model"]) != config["d_model"]:
         raise ConversionError(
             f"{path}: encoder_embed_dim={config['d_model']} and decoder_embed_dim={args['decoder_embed_dim']}; "
@@ -154,8 +169,9 @@ def read_dictionary(path, rows):
     "piece</w>" at its end), ids from 4 on after the implicit specials."""
     if not os.path.isfile(path):
         found = sorted(name for name in os.listdir(os.path.dirname(path)) if name.startswith("dict."))
-        raise ConversionError(f"No {os.path.basename(path)} beside model.pt. Expected it for the checkpoint's "
-                              f"language; found {found}.")
+        raise ConversionError(
+            f"No {os.path.basename(path)} beside model.pt. Expected it for the checkpoint's language; found {found}."
+        )
     vocabulary = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
     number = 0
     with open(path, encoding="utf-8") as file:
@@ -164,7 +180,9 @@ def read_dictionary(path, rows):
             if len(fields) == 2 and fields[1] == "#fairseq:overwrite":
                 fields = fields[0].rsplit(" ", 1)
             if len(fields) != 2 or not fields[1].lstrip("-").isdigit():
-                raise ConversionError(f"{path}, line {number}: expected \"piece count\". Received: {line.rstrip()!r}")
+                raise ConversionError(
+                    f"{path}, line {number}: expected \"piece count\". Received: {line.rstrip()!r}"
+                )
             piece = fields[0]
             spelt = piece[:-2] if piece.endswith("@@") else piece + END_OF_WORD
             vocabulary[spelt] = 4 + number - 1
@@ -173,17 +191,17 @@ def read_dictionary(path, rows):
     return vocabulary
 
 
-def write_merges(path, output):
+def read_merges(path):
     """`bpecodes` (fastBPE's "a b count" or subword-nmt's "a b" lines) as
     FSMT's `merges.txt`; a pair listed twice keeps its first rank."""
     with open(path, encoding="utf-8") as file:
         lines = file.read().splitlines()
     if lines and lines[0].startswith("#version"):
-        if lines[0].split()[-1] not in ("0.2",):
+        if lines[0].split()[-1] != "0.2":
             raise ConversionError(f"{path} is subword-nmt's version {lines[0].split()[-1]}; expected 0.2.")
         lines = lines[1:]
     merges = dict.fromkeys(" ".join(line.split()[:2]) for line in lines if len(line.split()) >= 2)
-    write_atomically(output, "\n".join(merges) + "\n")
+    return ("\n".join(merges) + "\n").encode("utf-8")
 
 
 def convert(directory, output, dtype=None):
@@ -203,15 +221,18 @@ def convert(directory, output, dtype=None):
     languages = args.get("source_lang"), args.get("target_lang")
     if None in languages:
         raise ConversionError(f"{path} names no source_lang and target_lang; expected the language pair.")
+    files = {}
     for name, language, rows in (("vocab-src.json", languages[0], config["src_vocab_size"]),
                                  ("vocab-tgt.json", languages[1], config["tgt_vocab_size"])):
         vocabulary = read_dictionary(os.path.join(directory, f"dict.{language}.txt"), rows)
-        write_atomically(os.path.join(output, name), json.dumps(vocabulary, ensure_ascii=False, indent=1))
-    codes = [os.path.join(directory, name) for name in ("bpecodes", "code") if os.path.isfile(os.path.join(directory, name))]
+        files[name] = json.dumps(vocabulary, ensure_ascii=False, indent=1).encode("utf-8")
+    # Older fairseq named the codes "code".
+    codes = [os.path.join(directory, name) for name in ("bpecodes", "code")
+             if os.path.isfile(os.path.join(directory, name))]
     if not codes:
         raise ConversionError(f"{directory} has no bpecodes. Expected the BPE codes beside model.pt.")
-    write_merges(codes[0], os.path.join(output, "merges.txt"))
-    tokenizer = MosesBpeTokenizer(output, ids, *languages)
+    files["merges.txt"] = read_merges(codes[0])
+    tokenizer = MosesBpeTokenizer(files, ids, *languages)
     settings = {"beam_size": int(args["beam"]), "alpha": float(args["lenpen"]), "length_penalty": "power"}
     translator = fsmt.build_translator(model_fields, found, shared, ids, tokenizer, settings, dtype, path)
     translator.save(output)

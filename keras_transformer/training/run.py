@@ -279,11 +279,13 @@ def _vocabulary(config, log):
     translator's, the given one, or new."""
     own = os.path.join(config.model_dir, VOCABULARY_FILE)
     given = config.train_data or config.vocabulary
-    if os.path.isfile(os.path.join(config.model_dir, CONVERTED_TOKENIZER_FILE)) or config.init_from is not None:
-        tokenizer = load_tokenizer(config.model_dir if os.path.isfile(
-            os.path.join(config.model_dir, CONVERTED_TOKENIZER_FILE)) or os.path.isfile(own) else config.init_from)
+    converted = os.path.isfile(os.path.join(config.model_dir, CONVERTED_TOKENIZER_FILE))
+    if config.init_from is not None or converted:
+        # A resumed run reads its own copy; a new one copies the translator's.
+        where = config.model_dir if converted or os.path.isfile(own) else config.init_from
+        tokenizer = load_tokenizer(where)
         tokenizer.save(config.model_dir)
-        log(f"vocabulary: {tokenizer.vocabulary_size} ids from {config.init_from or config.model_dir}")
+        log(f"vocabulary: {tokenizer.vocabulary_size} ids from {where}")
         return tokenizer
     if os.path.isfile(own) or os.path.isfile(os.path.join(config.model_dir, VOCABULARY_CONFIG_FILE)):
         try:
