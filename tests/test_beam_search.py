@@ -441,3 +441,26 @@ class eager_loops:
     def __exit__(self, *exc):
         if self.context is not None:
             self.context.__exit__(*exc)
+
+
+def test_the_power_penalty_ranks_hypotheses_cut_at_the_limit_with_the_finished_ones():
+    """|Y|^alpha, as fairseq and transformers search: at the limit, an
+    unfinished hypothesis that outscores the finished ones comes first;
+    GNMT's search (the paper's) keeps the finished ones first."""
+    table = markov_table({BOS: {EOS: 0.3, A: 0.7 - 1e-6}, A: {A: 0.99}})
+    results = {}
+    for penalty in ("gnmt", "power"):
+        ids, scores = beam_search(
+            markov_step(table), ops.full((1,), BOS, dtype="int32"), dummy_state(1),
+            beam_size=2, alpha=1.0, max_length=3, eos_id=EOS, penalty=penalty,
+        )  # fmt: skip
+        results[penalty] = (decoded(to_numpy(ids)[0, 0]), float(to_numpy(scores)[0, 0]))
+    assert results["gnmt"][0] == [EOS]
+    cut = table[BOS, A] + 2 * table[A, A]
+    assert results["power"][0] == [A, A, A]
+    assert results["power"][1] == pytest.approx(cut / 3, rel=1e-5)
+    with pytest.raises(ValueError, match=r"length_penalty must be one of \['gnmt', 'power'\]. Received: length_penalty='average'"):
+        beam_search(
+            markov_step(table), ops.full((1,), BOS, dtype="int32"), dummy_state(1), beam_size=2, alpha=1.0,
+            max_length=3, eos_id=EOS, penalty="average",
+        )  # fmt: skip

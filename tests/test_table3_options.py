@@ -190,7 +190,7 @@ def test_options_load_under_another_backend(batch, tmp_path):
         ({"key_dim": 0}, "key_dim must be an integer >= 1 or None. Received: key_dim=0"),
         ({"value_dim": 2.5}, "value_dim must be an integer >= 1 or None. Received: value_dim=2.5"),
         ({"attention_window": -1}, "attention_window must be an integer >= 0 or None. Received: attention_window=-1"),
-        ({"position_encoding": "rotary"}, "position_encoding must be one of \\['sinusoidal', 'learned'\\]. Received: position_encoding='rotary'"),
+        ({"position_encoding": "rotary"}, "position_encoding must be one of \\['sinusoidal', 'learned', 'table'\\]. Received: position_encoding='rotary'"),
         ({"position_encoding": "learned"}, "needs max_length.*Received: max_length=None"),
         ({"max_length": 64}, "sinusoids have no maximum.*Received: position_encoding='sinusoidal', max_length=64"),
         ({"max_length": 0, "position_encoding": "learned"}, "max_length must be an integer >= 1 or None. Received: max_length=0"),

@@ -316,6 +316,21 @@ def beam_search(
     choice = ops.where(
         ops.less(slots, num_finished), slots, beam_size + slots - num_finished
     )  # [B, K] into the 2K finished-then-alive hypotheses
+    if penalty == "power":
+        # fairseq's and transformers' rule: hypotheses cut at the sentence's
+        # limit rank with the finished ones, by score.
+        cut = ops.greater_equal(search["index"], sentence_max_length)[:, None]  # [B, 1]
+        _, ranked = ops.top_k(
+            ops.concatenate(
+                [
+                    ops.where(search["finished_flags"], search["finished_scores"], NEG_INF),
+                    ops.where(cut & ops.greater(search["alive_log_probs"], NEG_INF / 2), alive_scores, 2 * NEG_INF),
+                ],
+                axis=1,
+            ),
+            beam_size,
+        )
+        choice = ops.where(cut, ops.cast(ranked, "int32"), choice)
     ids = gather_beams(
         ops.concatenate([search["finished_ids"], search["alive_ids"]], axis=1), choice
     )
