@@ -232,3 +232,12 @@ def test_bad_checkpoints_say_what_was_found(published, tmp_path):
     torch.save(checkpoint, fairseq / "model.pt")
     os.remove(fairseq / "dict.de.txt")
     _fails_cleanly(fairseq, output, r"No dict.de.txt beside model.pt.*found \['dict.en.txt'\]")
+
+
+def test_export_says_moses_has_no_graph_op(converted, tmp_path):
+    from keras_transformer.export import export_saved_model
+
+    _, _, _, output = converted
+    with pytest.raises(ValueError, match="MosesBpeTokenizer has no TensorFlow op"):
+        export_saved_model(Translator.load(output), tmp_path / "exported")
+    assert not os.path.exists(tmp_path / "exported")

@@ -199,3 +199,17 @@ def test_the_export_translates_text_as_the_translator_does(converted, tmp_path):
     assert [text.decode() for text in served["translation"].numpy()] == translator.translate(texts)
     scores = [hypotheses[0][1] for hypotheses in translator.n_best(texts)]
     np.testing.assert_allclose(served["score"].numpy(), scores, atol=1e-4)
+
+
+@in_one_pass("torch", "the command line's plumbing; the conversion itself is tested above in every pass")
+def test_the_convert_command_writes_a_translator_or_one_error_line(converted, tmp_path, capsys):
+    from keras_transformer import cli
+
+    _, _, translator, root = converted
+    cli.main(["convert", str(root / "hf"), "--output", str(tmp_path / "out")])
+    assert "parameters; beam 4, alpha 1.0 (power length penalty)" in capsys.readouterr().out
+    assert Translator.load(tmp_path / "out").translate(SENTENCES[:2]) == translator.translate(SENTENCES[:2])
+    with pytest.raises(SystemExit, match=r"^error: .*out already exists and is not empty"):
+        cli.main(["convert", str(root / "hf"), "--output", str(tmp_path / "out")])
+    with pytest.raises(SystemExit, match=r"^error: .*nowhere is not a directory"):
+        cli.main(["convert", str(tmp_path / "nowhere"), "--output", str(tmp_path / "other")])

@@ -3,6 +3,7 @@ placing torch's `Linear` and `LayerNorm` weights in our layers, and
 writing the translator so that a failed conversion leaves nothing."""
 
 import contextlib
+import json
 import os
 import shutil
 import tempfile
@@ -17,8 +18,67 @@ from keras_transformer.data.corpus import read_json_object
 ABSENT_LOGIT = -50.0
 
 
+# transformers' names of the activations a `ModelConfig` has.
+ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"}
+# The names of a post-LN block's sublayers in transformers' BART-like models
+# (Marian, FSMT), by ours.
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "out_proj")
+ENCODER_SUBLAYERS = {
+    "self_attention": "self_attn", "self_attention_norm": "self_attn_layer_norm",
+    "inner_dense": "fc1", "outer_dense": "fc2", "feed_forward_norm": "final_layer_norm", "projections": PROJECTIONS,
+}
+DECODER_SUBLAYERS = ENCODER_SUBLAYERS | {"cross_attention": "encoder_attn", "cross_attention_norm": "encoder_attn_layer_norm"}
+
+
 class ConversionError(ValueError):
     """A checkpoint this package cannot convert, with what was found."""
+
+
+def activation(name, source):
+    if name not in ACTIVATIONS:
+        raise ConversionError(f"{source} uses the activation {name!r}. Supported: {sorted(ACTIVATIONS)}.")
+    return ACTIVATIONS[name]
+
+
+def stack_fields(config, source, default_activation):
+    """Our `ModelConfig` fields of a transformers encoder-decoder config
+    with BART's names (Marian's, FSMT's): equal stacks, the decoder's
+    feed-forward width where it differs, a fixed position table, torch's
+    LayerNorm epsilon, and a logits bias (the published one, or ours for
+    the rows a converted vocabulary adds)."""
+    for encoder, decoder in (("encoder_layers", "decoder_layers"), ("encoder_attention_heads", "decoder_attention_heads")):
+        if config[encoder] != config[decoder]:
+            raise ConversionError(
+                f"{source}: {encoder}={config[encoder]} and {decoder}={config[decoder]}; the stacks must match."
+            )
+    return {
+        "num_layers": config["encoder_layers"],
+        "d_model": config["d_model"],
+        "d_ff": config["encoder_ffn_dim"],
+        "decoder_d_ff": config["decoder_ffn_dim"] if config["decoder_ffn_dim"] != config["encoder_ffn_dim"] else None,
+        "num_heads": config["encoder_attention_heads"],
+        "position_encoding": "table",
+        "max_length": config.get("max_position_embeddings", 1024),
+        "dropout": config.get("dropout", 0.1),
+        "attention_dropout": config.get("attention_dropout", 0.0),
+        "layer_norm_epsilon": 1e-5,  # torch's LayerNorm default
+        "activation": activation(config.get("activation_function", default_activation), source),
+        "output_bias": True,
+    }
+
+
+def search_settings(directory, config):
+    """The checkpoint's own search: its beam and length penalty."""
+    generation = dict(config)
+    path = os.path.join(directory, "generation_config.json")
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as file:
+            generation |= json.load(file)
+    return {
+        "beam_size": int(generation.get("num_beams") or 4),
+        "alpha": float(generation.get("length_penalty", 1.0)),
+        "length_penalty": "power",
+    }
 
 
 def read_config(directory):

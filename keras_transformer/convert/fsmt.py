@@ -22,10 +22,10 @@ from keras_transformer.convert.checkpoint import assign
 from keras_transformer.convert.checkpoint import block_weights
 from keras_transformer.convert.checkpoint import read_config
 from keras_transformer.convert.checkpoint import read_tensors
-from keras_transformer.convert.marian import DECODER_SUBLAYERS
-from keras_transformer.convert.marian import ENCODER_SUBLAYERS
-from keras_transformer.convert.marian import activation
-from keras_transformer.convert.marian import search_settings
+from keras_transformer.convert.checkpoint import DECODER_SUBLAYERS
+from keras_transformer.convert.checkpoint import ENCODER_SUBLAYERS
+from keras_transformer.convert.checkpoint import search_settings
+from keras_transformer.convert.checkpoint import stack_fields
 from keras_transformer.data.corpus import read_json_object
 from keras_transformer.data.id_map import IdMap
 from keras_transformer.data.moses_bpe import MosesBpeTokenizer
@@ -66,28 +66,9 @@ def model_config(config, source):
         raise ConversionError(f"{source}/config.json lacks {missing}; an FSMTConfig has {list(REQUIRED)}.")
     if not config.get("scale_embedding", True):
         raise ConversionError(f"{source}: scale_embedding=False is not supported; expected True (fairseq's default).")
-    for encoder, decoder in (("encoder_layers", "decoder_layers"),
-                             ("encoder_attention_heads", "decoder_attention_heads")):
-        if config[encoder] != config[decoder]:
-            raise ConversionError(
-                f"{source}: {encoder}={config[encoder]} and {decoder}={config[decoder]}; the stacks must match."
-            )
-    return {
-        "num_layers": config["encoder_layers"],
-        "d_model": config["d_model"],
-        "d_ff": config["encoder_ffn_dim"],
-        "decoder_d_ff": config["decoder_ffn_dim"] if config["decoder_ffn_dim"] != config["encoder_ffn_dim"] else None,
-        "num_heads": config["encoder_attention_heads"],
-        "position_encoding": "table",
-        "max_length": config.get("max_position_embeddings", 1024),
-        "dropout": config.get("dropout", 0.1),
-        "attention_dropout": config.get("attention_dropout", 0.0),
-        "layer_norm_epsilon": 1e-5,  # torch's LayerNorm default
-        "activation": activation(config.get("activation_function", "relu"), source),
-        # FSMT has no bias on the logits; ours holds our BOS copy's and the
-        # smaller vocabulary's absent rows down.
-        "output_bias": True,
-    }
+    # FSMT has no bias on the logits; ours holds our BOS copy's and the
+    # smaller vocabulary's absent rows down.
+    return stack_fields(config, source, default_activation="relu")
 
 
 def id_map(config, unknown=3):

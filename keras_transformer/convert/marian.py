@@ -9,64 +9,31 @@ padding. Its search divides a hypothesis's log-probability by
 length^alpha.
 """
 
-import json
 import os
 
 import numpy as np
 
 from keras_transformer.convert.checkpoint import ABSENT_LOGIT
+from keras_transformer.convert.checkpoint import DECODER_SUBLAYERS
+from keras_transformer.convert.checkpoint import ENCODER_SUBLAYERS
 from keras_transformer.convert.checkpoint import ConversionError
 from keras_transformer.convert.checkpoint import assign
 from keras_transformer.convert.checkpoint import block_weights
 from keras_transformer.convert.checkpoint import read_tensors
+from keras_transformer.convert.checkpoint import search_settings
 from keras_transformer.convert.checkpoint import sinusoids_in_halves
+from keras_transformer.convert.checkpoint import stack_fields
 from keras_transformer.data.id_map import IdMap
 from keras_transformer.data.marian_tokenizer import MarianTokenizer
 
 MODEL_TYPE = "marian"
-# transformers' names of the activations a `ModelConfig` has.
-ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"}
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "out_proj")
-ENCODER_SUBLAYERS = {
-    "self_attention": "self_attn", "self_attention_norm": "self_attn_layer_norm",
-    "inner_dense": "fc1", "outer_dense": "fc2", "feed_forward_norm": "final_layer_norm", "projections": PROJECTIONS,
-}
-DECODER_SUBLAYERS = ENCODER_SUBLAYERS | {"cross_attention": "encoder_attn", "cross_attention_norm": "encoder_attn_layer_norm"}
-
-
-def activation(name, source):
-    if name not in ACTIVATIONS:
-        raise ConversionError(
-            f"{source} uses the activation {name!r}. Supported: {sorted(ACTIVATIONS)}."
-        )
-    return ACTIVATIONS[name]
-
-
 def model_config(config, source):
     """Our `ModelConfig` fields for a `MarianConfig` (a dict)."""
     for name, expected in (("normalize_before", False), ("add_final_layer_norm", False), ("scale_embedding", True),
                            ("static_position_embeddings", True), ("normalize_embedding", False)):
         if name in config and config[name] != expected:
             raise ConversionError(f"{source}: {name}={config[name]!r} is not supported; expected {expected}.")
-    for encoder, decoder in (("encoder_layers", "decoder_layers"), ("encoder_attention_heads", "decoder_attention_heads")):
-        if config[encoder] != config[decoder]:
-            raise ConversionError(
-                f"{source}: {encoder}={config[encoder]} and {decoder}={config[decoder]}; the stacks must match."
-            )
-    return {
-        "num_layers": config["encoder_layers"],
-        "d_model": config["d_model"],
-        "d_ff": config["encoder_ffn_dim"],
-        "decoder_d_ff": config["decoder_ffn_dim"] if config["decoder_ffn_dim"] != config["encoder_ffn_dim"] else None,
-        "num_heads": config["encoder_attention_heads"],
-        "position_encoding": "table",
-        "max_length": config.get("max_position_embeddings", 1024),
-        "dropout": config.get("dropout", 0.1),
-        "attention_dropout": config.get("attention_dropout", 0.0),
-        "layer_norm_epsilon": 1e-5,  # torch's LayerNorm default
-        "activation": activation(config.get("activation_function", "gelu"), source),
-        "output_bias": True,
-    }
+    return stack_fields(config, source, default_activation="gelu")
 
 
 def id_map(config):
@@ -105,20 +72,6 @@ def weights(config, tensors, ids, shared):
         found |= block_weights(f"encoder_block_{i}", tensors, f"model.encoder.layers.{i}", ENCODER_SUBLAYERS, num_heads)
         found |= block_weights(f"decoder_block_{i}", tensors, f"model.decoder.layers.{i}", DECODER_SUBLAYERS, num_heads)
     return found
-
-
-def search_settings(directory, config):
-    """The checkpoint's own search: its beam and length penalty."""
-    generation = dict(config)
-    path = os.path.join(directory, "generation_config.json")
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as file:
-            generation |= json.load(file)
-    return {
-        "beam_size": int(generation.get("num_beams") or 4),
-        "alpha": float(generation.get("length_penalty", 1.0)),
-        "length_penalty": "power",
-    }
 
 
 def convert(directory, output, dtype=None):

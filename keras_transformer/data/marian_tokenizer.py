@@ -15,6 +15,7 @@ import os
 import numpy as np
 import sentencepiece
 
+from keras_transformer.data.converted_tokenizer import ConvertedTokenizer
 from keras_transformer.data.corpus import read_json_object
 from keras_transformer.data.id_map import IdMap
 from keras_transformer.files import write_atomically
@@ -36,7 +37,7 @@ def _read_vocabulary(content, name):
     return vocabulary
 
 
-class MarianTokenizer:
+class MarianTokenizer(ConvertedTokenizer):
     """Marian's tokenization, with our ids.
 
     Args:
@@ -45,22 +46,17 @@ class MarianTokenizer:
             by name.
         id_map: the `IdMap` from Marian's ids to ours.
 
-    Ids 0 to 3 are ours: `padding_id`, `unknown_id`, `bos_id`, `eos_id`.
+    Our ids around Marian's: `ConvertedTokenizer`.
     """
 
-    padding_id = 0
-    unknown_id = 1
-    bos_id = 2
-    eos_id = 3
     FILES = ("source.spm", "target.spm", "vocab.json", "target_vocab.json")
 
     def __init__(self, files, id_map):
         missing = [name for name in self.FILES[:3] if name not in files]
         if missing:
             raise ValueError(f"A Marian tokenizer needs {list(self.FILES[:3])}. Received no {missing[0]}.")
+        super().__init__(id_map)
         self.files = dict(files)
-        self.id_map = id_map
-        self.vocabulary_size = id_map.vocabulary_size
         self._source = sentencepiece.SentencePieceProcessor(model_proto=files["source.spm"])
         self._target = sentencepiece.SentencePieceProcessor(model_proto=files["target.spm"])
         self.source_vocabulary = _read_vocabulary(files["vocab.json"], "vocab.json")
@@ -71,8 +67,6 @@ class MarianTokenizer:
         )
         self._target_pieces = {i: piece for piece, i in self.target_vocabulary.items()}
         self._published_unknown = id_map.special["unknown"]
-        # Marian's own special ids, which detokenizing drops.
-        self._published_special = {id_map.special[name] for name in ("padding", "eos", "unknown", "start")}
 
     @classmethod
     def from_directory(cls, directory, id_map):
@@ -120,31 +114,8 @@ class MarianTokenizer:
         pieces += processor.encode(text, out_type=str)
         return [vocabulary.get(piece, self._published_unknown) for piece in pieces]
 
-    def tokenize(self, strings, num_threads=None, target=False):
-        """Our ids of each source string (each target string with
-        `target=True`), without BOS or EOS."""
-        if isinstance(strings, str):
-            return self.id_map.to_ours(self.published_ids(strings, target))
-        strings = list(strings)
-        for index, text in enumerate(strings):
-            if not isinstance(text, str):
-                raise TypeError(f"`strings[{index}]` must be a str. Received: {type(text).__name__} {text!r:.60}")
-        return [self.id_map.to_ours(self.published_ids(text, target)) for text in strings]
-
-    def tokenize_target(self, strings, num_threads=None):
-        return self.tokenize(strings, num_threads, target=True)
-
-    def detokenize(self, ids):
-        """Target text from our ids; special ids are dropped."""
-        if isinstance(ids, np.ndarray) or hasattr(ids, "shape"):
-            ids = np.asarray(ids).tolist()
-        ids = list(ids)
-        if ids and not isinstance(ids[0], (int, np.integer)):
-            return [self._detokenize_row(row) for row in ids]
-        return self._detokenize_row(ids)
-
-    def _detokenize_row(self, ids):
-        published = [i for i in self.id_map.to_published([int(i) for i in ids]) if i not in self._published_special]
+    def published_text(self, published):
+        """The target text of Marian's ids, special ones dropped."""
         pieces = [self._target_pieces.get(i, "") for i in published]
         # transformers decodes a shared vocabulary's pieces with the source
         # model; the pieces, not the model, make the text.

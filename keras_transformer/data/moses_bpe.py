@@ -31,6 +31,7 @@ import unicodedata
 
 import numpy as np
 
+from keras_transformer.data.converted_tokenizer import ConvertedTokenizer
 from keras_transformer.data.corpus import read_json_object
 from keras_transformer.data.id_map import IdMap
 from keras_transformer.files import write_atomically
@@ -82,7 +83,7 @@ def normalize(text, punctuation_normalizer):
     return "".join(char for char in text if not unicodedata.category(char).startswith("C"))
 
 
-class MosesBpeTokenizer:
+class MosesBpeTokenizer(ConvertedTokenizer):
     """fairseq's Moses and BPE tokenization, with our ids.
 
     Args:
@@ -94,13 +95,9 @@ class MosesBpeTokenizer:
         lowercase: lowercase texts before tokenizing (FSMT's
             `do_lower_case`, for models trained on lowercased text).
 
-    Ids 0 to 3 are ours: `padding_id`, `unknown_id`, `bos_id`, `eos_id`.
+    Our ids around fairseq's: `ConvertedTokenizer`.
     """
 
-    padding_id = 0
-    unknown_id = 1
-    bos_id = 2
-    eos_id = 3
     FILES = ("vocab-src.json", "vocab-tgt.json", "merges.txt")
 
     def __init__(self, files, id_map, source_language, target_language, lowercase=False):
@@ -111,12 +108,11 @@ class MosesBpeTokenizer:
         missing = [name for name in self.FILES if name not in files]
         if missing:
             raise ValueError(f"A Moses and BPE tokenizer needs {list(self.FILES)}. Received no {missing[0]}.")
+        super().__init__(id_map)
         self.files = {name: files[name] for name in self.FILES}
-        self.id_map = id_map
         self.source_language = source_language
         self.target_language = target_language
         self.lowercase = bool(lowercase)
-        self.vocabulary_size = id_map.vocabulary_size
         self.source_vocabulary = _read_vocabulary(files["vocab-src.json"], "vocab-src.json")
         self.target_vocabulary = _read_vocabulary(files["vocab-tgt.json"], "vocab-tgt.json")
         self._target_pieces = {i: piece for piece, i in self.target_vocabulary.items()}
@@ -128,8 +124,8 @@ class MosesBpeTokenizer:
         self._detokenizer = MosesDetokenizer(lang=target_language)
         self._pieces = {}
         self._published_unknown = id_map.special["unknown"]
-        # The ids detokenizing drops: the published special tokens.
-        self._published_special = {id_map.special[name] for name in ("padding", "unknown", "start", "eos")} | {
+        # Detokenizing drops <s> too, as FSMT's `decode` does.
+        self.published_special |= {
             self.target_vocabulary[token] for token in SPECIAL_TOKENS if token in self.target_vocabulary
         }
 
@@ -227,33 +223,8 @@ class MosesBpeTokenizer:
         unknown = vocabulary.get("<unk>", self._published_unknown)
         return [vocabulary.get(piece, unknown) for piece in self.pieces(text, target)]
 
-    def tokenize(self, strings, num_threads=None, target=False):
-        """Our ids of each source string (each target string with
-        `target=True`), without BOS or EOS. Moses runs in Python, one
-        string at a time: `num_threads` is not used."""
-        if isinstance(strings, str):
-            return self.id_map.to_ours(self.published_ids(strings, target))
-        strings = list(strings)
-        for index, text in enumerate(strings):
-            if not isinstance(text, str):
-                raise TypeError(f"`strings[{index}]` must be a str. Received: {type(text).__name__} {text!r:.60}")
-        return [self.id_map.to_ours(self.published_ids(text, target)) for text in strings]
-
-    def tokenize_target(self, strings, num_threads=None):
-        return self.tokenize(strings, num_threads, target=True)
-
-    def detokenize(self, ids):
-        """Target text from our ids (1-D: a string; 2-D: a list of them);
-        special ids are dropped."""
-        if isinstance(ids, np.ndarray) or hasattr(ids, "shape"):
-            ids = np.asarray(ids).tolist()
-        ids = list(ids)
-        if ids and not isinstance(ids[0], (int, np.integer)):
-            return [self._detokenize_row(row) for row in ids]
-        return self._detokenize_row(ids)
-
-    def _detokenize_row(self, ids):
-        published = [i for i in self.id_map.to_published([int(i) for i in ids]) if i not in self._published_special]
+    def published_text(self, published):
+        """The target text of fairseq's ids, special ones dropped."""
         # An id the target vocabulary lacks reads "<unk>", as in FSMT.
         text = "".join(self._target_pieces.get(i, "<unk>").replace(END_OF_WORD, " ") for i in published)
         return self._detokenizer.detokenize(text.split())
