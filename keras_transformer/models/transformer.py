@@ -85,24 +85,16 @@ class Transformer(CheckedData, keras.Model):
         self.target_id_check = TokenIdCheck(
             config.vocabulary_size, "target_ids", name="target_id_check"
         )
+        def embedding(name):
+            return TokenEmbedding(config.vocabulary_size, config.d_model, dtype=dtype, name=name)
+
         if config.share_embeddings:
-            shared = TokenEmbedding(
-                config.vocabulary_size, config.d_model, dtype=dtype, name="token_embedding"
-            )
-            self.source_embedding = shared
-            self.target_embedding = shared
-            self.output_projection = shared
+            self.source_embedding = self.target_embedding = self.output_projection = embedding("token_embedding")
         else:
-            self.source_embedding = TokenEmbedding(
-                config.vocabulary_size, config.d_model, dtype=dtype, name="source_embedding"
-            )
-            self.target_embedding = TokenEmbedding(
-                config.vocabulary_size, config.d_model, dtype=dtype, name="target_embedding"
-            )
+            self.source_embedding = embedding("source_embedding")
+            self.target_embedding = embedding("target_embedding")
             self.output_projection = (
-                self.target_embedding
-                if config.share_target_embeddings
-                else TokenEmbedding(config.vocabulary_size, config.d_model, dtype=dtype, name="output_projection")
+                self.target_embedding if config.share_target_embeddings else embedding("output_projection")
             )
         self.logits_bias = (
             LogitsBias(config.vocabulary_size, dtype=dtype, name="logits_bias") if config.output_bias else None
