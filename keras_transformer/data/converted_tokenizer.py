@@ -2,7 +2,23 @@
 tokenizer's (`IdMap`), and the `SubwordTokenizer` surface that the
 translator, the data pipeline and the export call."""
 
+import json
+
 import numpy as np
+
+
+def read_vocabulary(content, name):
+    """A published vocabulary file's pieces and ids, checked (`vocab.json`)."""
+    try:
+        vocabulary = json.loads(content)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{name} cannot be read as JSON ({error}).") from None
+    if not isinstance(vocabulary, dict):
+        raise ValueError(f"{name} must be a JSON object of pieces to ids. Received: {type(vocabulary).__name__}")
+    wrong = [(piece, i) for piece, i in vocabulary.items() if not isinstance(i, int) or isinstance(i, bool) or i < 0]
+    if wrong:
+        raise ValueError(f"{name} must map pieces to ids >= 0. Received: {wrong[0][0]!r}: {wrong[0][1]!r}")
+    return vocabulary
 
 
 class ConvertedTokenizer:

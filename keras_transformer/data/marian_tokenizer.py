@@ -16,25 +16,13 @@ import numpy as np
 import sentencepiece
 
 from keras_transformer.data.converted_tokenizer import ConvertedTokenizer
+from keras_transformer.data.converted_tokenizer import read_vocabulary
 from keras_transformer.data.corpus import read_json_object
 from keras_transformer.data.id_map import IdMap
 from keras_transformer.files import write_atomically
 
 KIND = "marian"
 SPACE_MARK = "\u2581"
-
-
-def _read_vocabulary(content, name):
-    try:
-        vocabulary = json.loads(content)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{name} cannot be read as JSON ({error}).") from None
-    if not isinstance(vocabulary, dict):
-        raise ValueError(f"{name} must be a JSON object of pieces to ids. Received: {type(vocabulary).__name__}")
-    wrong = [(piece, i) for piece, i in vocabulary.items() if not isinstance(i, int) or isinstance(i, bool) or i < 0]
-    if wrong:
-        raise ValueError(f"{name} must map pieces to ids >= 0. Received: {wrong[0][0]!r}: {wrong[0][1]!r}")
-    return vocabulary
 
 
 class MarianTokenizer(ConvertedTokenizer):
@@ -59,10 +47,10 @@ class MarianTokenizer(ConvertedTokenizer):
         self.files = dict(files)
         self._source = sentencepiece.SentencePieceProcessor(model_proto=files["source.spm"])
         self._target = sentencepiece.SentencePieceProcessor(model_proto=files["target.spm"])
-        self.source_vocabulary = _read_vocabulary(files["vocab.json"], "vocab.json")
+        self.source_vocabulary = read_vocabulary(files["vocab.json"], "vocab.json")
         self.separate_vocabularies = "target_vocab.json" in files
         self.target_vocabulary = (
-            _read_vocabulary(files["target_vocab.json"], "target_vocab.json")
+            read_vocabulary(files["target_vocab.json"], "target_vocab.json")
             if self.separate_vocabularies else self.source_vocabulary
         )
         self._target_pieces = {i: piece for piece, i in self.target_vocabulary.items()}

@@ -32,6 +32,7 @@ import unicodedata
 import numpy as np
 
 from keras_transformer.data.converted_tokenizer import ConvertedTokenizer
+from keras_transformer.data.converted_tokenizer import read_vocabulary
 from keras_transformer.data.corpus import read_json_object
 from keras_transformer.data.id_map import IdMap
 from keras_transformer.files import write_atomically
@@ -51,19 +52,6 @@ UNICODE_PUNCTUATION = str.maketrans({
 FULL_STOPS = re.compile(r"[。．]\s*")
 # Words whose pieces are remembered; a corpus of many more starts afresh.
 CACHE_SIZE = 200_000
-
-
-def _read_vocabulary(content, name):
-    try:
-        vocabulary = json.loads(content)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{name} cannot be read as JSON ({error}).") from None
-    if not isinstance(vocabulary, dict):
-        raise ValueError(f"{name} must be a JSON object of pieces to ids. Received: {type(vocabulary).__name__}")
-    wrong = [(piece, i) for piece, i in vocabulary.items() if not isinstance(i, int) or isinstance(i, bool) or i < 0]
-    if wrong:
-        raise ValueError(f"{name} must map pieces to ids >= 0. Received: {wrong[0][0]!r}: {wrong[0][1]!r}")
-    return vocabulary
 
 
 def read_merges(content):
@@ -113,8 +101,8 @@ class MosesBpeTokenizer(ConvertedTokenizer):
         self.source_language = source_language
         self.target_language = target_language
         self.lowercase = bool(lowercase)
-        self.source_vocabulary = _read_vocabulary(files["vocab-src.json"], "vocab-src.json")
-        self.target_vocabulary = _read_vocabulary(files["vocab-tgt.json"], "vocab-tgt.json")
+        self.source_vocabulary = read_vocabulary(files["vocab-src.json"], "vocab-src.json")
+        self.target_vocabulary = read_vocabulary(files["vocab-tgt.json"], "vocab-tgt.json")
         self._target_pieces = {i: piece for piece, i in self.target_vocabulary.items()}
         self._ranks = read_merges(files["merges.txt"])
         self._moses = {
