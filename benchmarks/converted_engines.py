@@ -27,7 +27,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
-from decoding import NEVER  # noqa: E402
 from decoding_engines import ALPHA  # noqa: E402
 from decoding_engines import SEARCHES  # noqa: E402
 from decoding_engines import CTranslate2Processes  # noqa: E402
@@ -35,14 +34,13 @@ from decoding_engines import benchmark  # noqa: E402
 from decoding_engines import converted_to_ctranslate2  # noqa: E402
 from decoding_engines import ctranslate2_contender  # noqa: E402
 from decoding_engines import named  # noqa: E402
+from decoding_engines import ours  # noqa: E402
 from decoding_engines import print_table  # noqa: E402
 from marian_peer import marian_source  # noqa: E402
 from marian_peer import marian_tokens  # noqa: E402
 from marian_peer import transformers_contender  # noqa: E402
 
 from keras_transformer.convert import convert  # noqa: E402
-from keras_transformer.decoding import search_translations  # noqa: E402
-from keras_transformer.decoding.compiled import CompiledFunction  # noqa: E402
 
 # opus-mt-en-de's config.json, but for its weights; "tiny" for a smoke run.
 OPUS_MT_EN_DE = {
@@ -84,31 +82,6 @@ def random_opus_mt(directory, size):
     return model
 
 
-def ours(translator, beam_size, output_length, source_length, jit_compile):
-    """The converted model's search, on Marian's ids mapped to ours."""
-    model, id_map = translator.model, translator.tokenizer.id_map
-
-    def search(source, limit):
-        return search_translations(
-            model, source, limit, beam_size=beam_size, alpha=ALPHA, max_extra_length=output_length - source_length,
-            bos_id=translator.tokenizer.bos_id, eos_id=NEVER, length_penalty="power",
-        )
-
-    compiled = CompiledFunction(search, model, [2, 1], jit_compile=jit_compile)
-
-    def prepare(source_ids):
-        source = np.array(id_map.to_ours(marian_source(source_ids)), "int32")
-        limits = np.full((len(source),), output_length, "int32")
-
-        def decode():
-            ids, _ = compiled(source, limits)
-            return list(np.count_nonzero(ids[:, 0], axis=1))
-
-        return decode
-
-    return prepare
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="opus-mt-en-de")
@@ -134,10 +107,17 @@ def main():
     with tempfile.TemporaryDirectory() as directory:
         marian = random_opus_mt(os.path.join(directory, "transformers"), size)
         translator = convert(os.path.join(directory, "transformers"), os.path.join(directory, "ours"))
+
+        def model_ids(source_ids):  # Marian's ids, as the peers get them, mapped to ours
+            return np.array(translator.tokenizer.id_map.to_ours(marian_source(source_ids)), "int32")
+
         found = {}
         for search, beam_size in SEARCHES.items():
             found[named("ours", search)] = (
-                search, "float32", ours(translator, beam_size, args.output_length, args.source_length + 1, args.jit_compile)
+                search, "float32", ours(
+                    translator.model, beam_size, args.output_length, args.source_length + 1, args.jit_compile,
+                    bos_id=translator.tokenizer.bos_id, length_penalty="power", model_ids=model_ids,
+                ),
             )
             found[named("transformers generate", search)] = (
                 search, "float32", transformers_contender(marian, beam_size, args.output_length, ALPHA)

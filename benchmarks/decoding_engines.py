@@ -87,20 +87,24 @@ def named(system, search):
 # them and returns each output's length, which the warm-up call checks.
 
 
-def ours(model, beam_size, output_length, source_length, jit_compile):
+def ours(model, beam_size, output_length, source_length, jit_compile, bos_id=BOS, length_penalty="gnmt",
+         model_ids=None):
     """`source_length` counts the source's EOS; outputs may reach
-    `source_length + max_extra_length` positions."""
+    `source_length + max_extra_length` positions. `model_ids` maps the
+    shared sources to the model's ids (a converted model's), if given."""
 
     def search(source, limit):
         return search_translations(
             model, source, limit, beam_size=beam_size, alpha=ALPHA,
             max_extra_length=output_length - source_length,
-            bos_id=BOS, eos_id=NEVER,
+            bos_id=bos_id, eos_id=NEVER, length_penalty=length_penalty,
         )
 
     compiled = CompiledFunction(search, model, [2, 1], jit_compile=jit_compile)
 
     def prepare(source_ids):
+        if model_ids is not None:
+            source_ids = model_ids(source_ids)
         limits = np.full((len(source_ids),), output_length, "int32")
 
         def decode():
