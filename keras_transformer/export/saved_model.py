@@ -159,7 +159,7 @@ def _write_saved_model(translator, path, max_request_tokens, max_request_rows):
                 file.write(content)
         settings_file = os.path.join(assets, SETTINGS_ASSET)
         with open(settings_file, "w") as file:
-            json.dump(_settings(translator, max_request_tokens, max_request_rows), file, indent=2)
+            json.dump(_settings(translator, tokenizer, max_request_tokens, max_request_rows), file, indent=2)
         module = _serving_module(translator, tokenizer, asset_files, settings_file, max_request_tokens, max_request_rows)
         tf.saved_model.save(
             module,
@@ -171,11 +171,11 @@ def _write_saved_model(translator, path, max_request_tokens, max_request_rows):
         )
 
 
-def _settings(translator, max_request_tokens, max_request_rows):
+def _settings(translator, graph_tokens, max_request_tokens, max_request_rows):
     tokenizer = translator.tokenizer
     return {
         **translator.get_config(),
-        "max_source_bytes": max_source_bytes(translator),
+        "max_source_bytes": max_source_bytes(translator, graph_tokens),
         "max_request_tokens": max_request_tokens,
         "max_request_rows": max_request_rows,
         "vocabulary_size": tokenizer.vocabulary_size,
@@ -189,12 +189,13 @@ def _settings(translator, max_request_tokens, max_request_rows):
     }
 
 
-def max_source_bytes(translator):
+def max_source_bytes(translator, tokenizer=None):
     """The bytes a text is cut to before tokenizing: twice what
     `max_source_length` pieces of the vocabulary's longest piece (in UTF-8)
     can span, so that the first `max_source_length` tokens stay as they
     were, unless the cut falls inside a word that long."""
-    longest = max(len(piece.encode("utf-8")) for piece in graph_tokenizer(translator.tokenizer).pieces())
+    tokenizer = tokenizer or graph_tokenizer(translator.tokenizer)  # the module's own, when it has one
+    longest = max(len(piece.encode("utf-8")) for piece in tokenizer.pieces())
     return 2 * translator.max_source_length * longest
 
 
@@ -206,7 +207,7 @@ def _serving_module(translator, graph_tokens, asset_files, settings_file, max_re
     eos_id = tokenizer.eos_id
     max_source_length = translator.max_source_length
     source_lengths = tf.constant(bucket_lengths(max_source_length, step=1.5), tf.int32)
-    byte_limit = max_source_bytes(translator)
+    byte_limit = max_source_bytes(translator, graph_tokens)
 
     module = tf.Module()
     module.tokenizer = graph_tokens
