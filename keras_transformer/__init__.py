@@ -6,7 +6,8 @@
 
 from keras_transformer import environment
 
-# Before Keras is imported: the backend, torch's threads, quiet commands.
+# Before Keras is imported: the backend is checked. Nothing else changes,
+# except in the command line and the recipes (environment.py).
 environment.prepare()
 
 from keras_transformer import checks  # noqa: E402
@@ -20,6 +21,7 @@ from keras_transformer import optimizers  # noqa: E402
 from keras_transformer import schedules  # noqa: E402
 from keras_transformer import training  # noqa: E402
 from keras_transformer.decoding import Translator  # noqa: E402
+from keras_transformer.environment import configure_process  # noqa: E402
 from keras_transformer.models import Transformer  # noqa: E402
 from keras_transformer.models import build_transformer  # noqa: E402
 
@@ -29,6 +31,7 @@ __all__ = [
     "Transformer",
     "Translator",
     "build_transformer",
+    "configure_process",
     "checks",
     "data",
     "environment",

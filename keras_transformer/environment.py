@@ -1,13 +1,18 @@
-"""The process the package runs in: which backend, how its threads wait, and
-how much third-party logging reaches the terminal.
+"""The process the package runs in: which backend, how its threads wait,
+where large tensors are allocated, and how much third-party logging reaches
+the terminal.
 
-This module imports only the standard library, and the package runs
-`prepare()` before it imports Keras, because each of these is settled when
-Keras and its backend are first imported:
+This module imports only the standard library. Importing the package
+checks the backend and changes nothing else: `KERAS_BACKEND` (or
+`~/.keras/keras.json`) must name one of `BACKENDS`, and its package must
+be installed; otherwise the error says which names are valid, or which
+extra to install.
 
-- the backend: `KERAS_BACKEND` (or `~/.keras/keras.json`) must name one of
-  `BACKENDS`, and its package must be installed; otherwise the error says
-  which names are valid, or which extra to install;
+The command line (`keras-transformer`, `python -m keras_transformer`), and
+scripts that set `KERAS_TRANSFORMER_QUIET=1` before importing the package
+(the recipes), run with `configure_process()`'s settings, applied before
+Keras and its backend are imported:
+
 - torch's OpenMP threads wait passively (`OMP_WAIT_POLICY=PASSIVE`, unless
   it is set): busy-waiting, torch's threads spin against the `tf.data`
   threads that feed them, and a step on a small CPU takes many times longer;
@@ -19,16 +24,14 @@ Keras and its backend are first imported:
   TensorFlow with a fifth of the system time (`benchmarks/heap.py`). A
   process whose allocator the user has chosen (`LD_PRELOAD`,
   `GLIBC_TUNABLES` or a `MALLOC_*` variable) keeps it;
-- quiet output for the command line and the recipes: TensorFlow's, XLA's
-  and SentencePiece's C++ log lines (CUDA probes, CPU feature notices,
-  "precompiled_charsmap is empty") are filtered out of stderr. `--verbose`,
-  or `KERAS_TRANSFORMER_VERBOSE=1`, shows everything.
+- quiet output: TensorFlow's, XLA's and SentencePiece's C++ log lines (CUDA
+  probes, CPU feature notices, "precompiled_charsmap is empty") are
+  filtered out of stderr. `--verbose`, or `KERAS_TRANSFORMER_VERBOSE=1`,
+  shows everything.
 
-As a library (`import keras_transformer`) the package changes neither the
-environment's log level nor stderr; only the command line
-(`keras-transformer`, `python -m keras_transformer`) and scripts that set
-`KERAS_TRANSFORMER_QUIET=1` before importing it, such as the recipes, are
-quiet.
+A Python program calls `keras_transformer.configure_process()` to get the
+same settings (the thread policy only takes effect before torch is
+imported: set `OMP_WAIT_POLICY=PASSIVE` in the shell instead).
 """
 
 import atexit
@@ -123,7 +126,8 @@ def verbose_requested():
 
 
 def prepare():
-    """Settles the backend, torch's threads, malloc and the log output.
+    """Checks the backend; in the command line and the recipes, also applies
+    `configure_process(quiet=True)`.
 
     Called by `keras_transformer/__init__.py` before Keras is imported. A
     bad backend raises `BackendError`; on the command line it prints one
@@ -136,17 +140,45 @@ def prepare():
             print(f"error: {error}", file=sys.stderr)
             raise SystemExit(2) from None
         raise
-    set_thread_policy(backend)
-    allocate_from_the_heap()
-    quiet = running_as_command() or os.environ.get("KERAS_TRANSFORMER_QUIET", "") not in ("", "0")
+    if running_as_command() or os.environ.get("KERAS_TRANSFORMER_QUIET", "") not in ("", "0"):
+        configure_process(quiet=True, backend=backend)
+
+
+def configure_process(quiet=False, backend=None):
+    """The process settings the command line runs with, for a Python program.
+
+    Args:
+        quiet: also filter TensorFlow's, XLA's and SentencePiece's C++ log
+            lines out of stderr (unless `KERAS_TRANSFORMER_VERBOSE=1`).
+        backend: the Keras backend; by default the one Keras will load.
+
+    Returns:
+        the names of the settings that took effect, of "threads" (torch's
+        passive OpenMP threads: only before torch is imported), "heap"
+        (glibc's malloc keeps large blocks) and "quiet".
+    """
+    backend = backend or selected_backend()
+    applied = []
+    if set_thread_policy(backend):
+        applied.append("threads")
+    if allocate_from_the_heap():
+        applied.append("heap")
     if quiet and not verbose_requested():
         quiet_third_party_logs()
+        applied.append("quiet")
+    return applied
 
 
 def set_thread_policy(backend):
-    """Makes torch's OpenMP threads sleep, not spin, while they wait."""
-    if backend == "torch" and "torch" not in sys.modules:
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    """Makes torch's OpenMP threads sleep, not spin, while they wait.
+
+    Returns:
+        whether torch's threads will wait passively.
+    """
+    if backend != "torch" or "torch" in sys.modules:
+        return False
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    return os.environ["OMP_WAIT_POLICY"].upper() == "PASSIVE"
 
 
 # glibc's mallopt parameters (malloc.h).

@@ -30,8 +30,13 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
 if "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ['XLA_FLAGS']} --xla_cpu_use_fusion_emitters=false"
 
-# Before Keras: the package settles how torch's threads wait.
-import keras_transformer  # noqa: E402, F401
+# The suite runs with the command line's process settings
+# (environment.configure_process); importing the package applies none.
+# torch's threads read their wait policy when torch loads.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import keras_transformer  # noqa: E402
+
+keras_transformer.configure_process()
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

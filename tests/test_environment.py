@@ -105,8 +105,9 @@ def test_torch_threads_wait_passively_unless_told_otherwise(monkeypatch):
             monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
         else:
             monkeypatch.setenv("OMP_WAIT_POLICY", preset)
-        environment.set_thread_policy(backend)
+        passive = environment.set_thread_policy(backend)
         assert os.environ.get("OMP_WAIT_POLICY") == expected
+        assert passive == (expected == "PASSIVE")
 
 
 # Loads environment.py alone (the package would import TensorFlow), lets it
@@ -159,3 +160,76 @@ def test_large_tensors_come_from_the_heap_unless_the_user_chose_an_allocator(use
     assert result.returncode == 0, result.stderr
     # "changed maps": a 64 MB block is mapped unless malloc was changed.
     assert result.stdout.split() == expected.split()
+
+
+# What a process looks like after it imported `sys.argv[1]` ("keras", or
+# the package): its environment, its stderr, the backend's thread counts,
+# where a 64 MB block comes from, and Keras's global settings.
+OBSERVER = """
+import ctypes, json, os, sys
+stderr_before = os.fstat(2).st_ino
+if sys.argv[2] == "command":
+    sys.argv[0] = "keras-transformer"  # as the console script runs
+__import__(sys.argv[1])
+import keras
+observed = {
+    "environ": dict(os.environ),
+    "stderr": os.fstat(2).st_ino == stderr_before,
+    "policy": keras.config.dtype_policy().name,
+    "floatx": keras.config.floatx(),
+    "epsilon": keras.config.epsilon(),
+}
+if keras.backend.backend() == "torch":
+    import torch
+    observed["threads"] = [torch.get_num_threads(), torch.get_num_interop_threads()]
+elif keras.backend.backend() == "tensorflow":
+    import tensorflow as tf
+    observed["threads"] = [tf.config.threading.get_intra_op_parallelism_threads(),
+                           tf.config.threading.get_inter_op_parallelism_threads()]
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"
+    ).split()]
+
+if sys.platform.startswith("linux") and hasattr(ctypes.CDLL(None), "mallinfo2"):
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = MallInfo2
+    block = bytearray(64 << 20)
+    observed["mapped"] = libc.mallinfo2().hblkhd >= len(block)
+print(json.dumps(observed))
+"""
+
+
+def observe(module, how="library"):
+    import json
+
+    env = {
+        k: v for k, v in os.environ.items()
+        if not k.startswith("KERAS_TRANSFORMER_") and k not in ("OMP_WAIT_POLICY", "TF_CPP_MIN_LOG_LEVEL")
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", OBSERVER, module, how],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def test_importing_the_package_changes_nothing_in_the_process():
+    keras_alone = observe("keras")
+    package = observe("keras_transformer")
+    assert package == keras_alone
+
+
+def test_the_command_line_runs_with_the_process_settings():
+    import keras
+
+    command = observe("keras_transformer", "command")
+    library = observe("keras_transformer")
+    backend = keras.backend.backend()
+    assert command["environ"].get("OMP_WAIT_POLICY") == ("PASSIVE" if backend == "torch" else None)
+    assert command["environ"].get("TF_CPP_MIN_LOG_LEVEL") == "1"
+    assert not command["stderr"]  # filtered through a pipe
+    if "mapped" in library:
+        assert library["mapped"] and not command["mapped"]
