@@ -4,14 +4,17 @@ per shapes and replays.
 Under torch nothing compiles a search: every step would run the model's
 layers from Python, a few microseconds of Keras and torch dispatch around
 each of about 190 kernels of about as long (a greedy step of the small
-model). In a decoding call with `TracedLoops`, `while_loop` traces its
-condition and body with `torch.jit.trace` the first time it meets them
-with given shapes, and replays the traces at every step and in later
-calls: the same torch operations, without Python between them. Everywhere
-else it is `keras.ops.while_loop`.
+model). In a decoding call with `TracedLoops`, `while_loop` records its
+condition and body with torch.fx's `make_fx` the first time it meets them
+with given shapes (the torch operations one call runs, as a graph module),
+and replays the records at every step and in later calls: the same torch
+operations, without Keras's Python between them. Eager loops decoded at
+0.70-0.92x the speed (small and base, batch 1 and 32, greedy and beam 4,
+on 2 cores of an AMD EPYC). Everywhere else it is `keras.ops.while_loop`.
 """
 
 import collections
+import functools
 import types
 import warnings
 
@@ -50,8 +53,8 @@ def while_loop(cond, body, loop_vars, maximum_iterations=None):
 class TracedLoops:
     """The traced conditions and bodies of one `CompiledFunction`'s loops.
 
-    `torch.jit.trace` records the torch operations that one call of a
-    function runs. The tensors it is given become the trace's inputs; any
+    `make_fx` records the torch operations that one call of a function
+    runs. The tensors it is given become the record's inputs; any
     other tensor the function reads becomes a constant of the trace. A loop
     body reads more than its loop variables: the model's weights, and
     tensors of the functions around it (the encoder's keys and values, each
@@ -143,18 +146,29 @@ class TracedLoops:
         # another loop variable or a tensor of the closure that is the same
         # object now but may not be at a later step.
         inputs = tuple(x.detach() for x in flat) + tuple(extra)
-        try:
-            with warnings.catch_warnings():
-                # The tracer warns of every Python number taken from a
-                # shape; shapes are fixed within a trace.
-                warnings.simplefilter("ignore", torch.jit.TracerWarning)
-                # torch 2.13 deprecates the tracer (a DeprecationWarning;
-                # 2.14: a FutureWarning, shown to users); where it is gone,
-                # the loops run eagerly.
-                warnings.filterwarnings("ignore", "`torch.jit.trace` is deprecated")
-                return torch.jit.trace(flat_function, inputs, check_trace=False)
-        except Exception:  # noqa: BLE001 - what the tracer refuses runs eagerly
+        record = _recorder()
+        if record is None:
             return None
+        try:
+            return record(flat_function)(*inputs)
+        except Exception:  # noqa: BLE001 - what the recorder refuses runs eagerly (`refused` counts it)
+            return None
+
+
+@functools.cache
+def _recorder():
+    """torch.fx's `make_fx`, which records the torch operations a call runs
+    as a graph module; None, with one warning, in a torch without it."""
+    try:
+        from torch.fx.experimental.proxy_tensor import make_fx
+    except ImportError as error:
+        warnings.warn(
+            f"torch.fx's make_fx is missing ({error}); decoding under torch runs "
+            "its loops eagerly, at about 0.7x the speed.",
+            stacklevel=3,
+        )
+        return None
+    return make_fx
 
 
 def _contiguous(x):

@@ -41,23 +41,21 @@ ONEDNN_MIN_PRODUCT = 2**20
 
 
 def onednn_linear():
-    """torch's oneDNN linear operation as `linear(x [M, K], weight [N, K])`
-    -> `[M, N]`, or None where this build of torch has none. It is compiled
-    by TorchScript, so that a tracer records one call: the tracer cannot
-    take the operation's empty list of optional scalars itself."""
+    """torch's oneDNN linear operation as `linear(x [M, K], weight [N, K],
+    bias [N] = None)` -> `[M, N]`, or None where this build of torch has
+    none."""
     import torch
 
     if not torch.backends.mkldnn.is_available():
         return None
-    source = (
-        "def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:\n"
-        "    no_scalars: List[Optional[number]] = []\n"
-        '    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", no_scalars, "")\n'
-    )
-    try:
-        return torch.jit.CompilationUnit(source).linear
-    except (AttributeError, RuntimeError):
+    operation = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
+    if operation is None:
         return None
+
+    def linear(x, weight, bias=None):
+        return operation(x, weight, bias, "none", [], "")
+
+    return linear
 
 
 @functools.cache
@@ -93,8 +91,7 @@ def pays(x, kernel):
 def matrix_product(x, kernel, bias=None):
     """float x `[M, K]` times kernel `[K, N]`, plus `bias` `[N]` if given,
     without gradients: through oneDNN where that pays, otherwise torch's
-    `matmul`, or its `linear`, which adds the bias inside the product (a
-    traced loop's optimizer splits `addmm` into a product and an add)."""
+    `matmul`, or its `linear`, which adds the bias inside the product."""
     import torch
 
     if pays(x, kernel):

@@ -41,10 +41,7 @@ def shape(x):
         import torch
 
         if type(x) is torch.Tensor:
-            # ints while a loop is traced too (where torch gives 0-d
-            # tensors): a trace is kept per shapes, and ints are what a
-            # step's memo recognizes by value.
-            return tuple(int(size) for size in x.shape) if torch.jit.is_tracing() else tuple(x.shape)
+            return tuple(x.shape)
     return ops.shape(x)
 
 

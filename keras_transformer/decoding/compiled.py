@@ -15,6 +15,7 @@ import numpy as np
 
 from keras_transformer.backend import loops as backend_loops
 from keras_transformer.backend import state
+from keras_transformer.layers.utils import sublayers
 
 
 class CompiledFunction:
@@ -104,5 +105,5 @@ def _has_one_dtype(model):
     `Layer.__call__`'s dtype scope."""
     return all(
         layer.compute_dtype == layer.variable_dtype
-        for layer in model._flatten_layers(include_self=True)
+        for layer in sublayers(model)
     )

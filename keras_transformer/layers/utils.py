@@ -21,3 +21,23 @@ def sublayer_connection(inputs, sublayer, norm, dropout, normalize_first, traini
     if normalize_first:
         return inputs + dropout(sublayer(norm(inputs)), training=training)
     return norm(inputs + dropout(sublayer(inputs), training=training))
+
+
+def sublayers(layer):
+    """`layer` and every layer it holds, at any depth, each once: the layers
+    held in its attributes, directly or in lists, tuples and dicts, as Keras
+    tracks them."""
+    found, stack, seen = [], [layer], set()
+    while stack:
+        item = stack.pop()
+        if isinstance(item, keras.layers.Layer):
+            if id(item) in seen:
+                continue
+            seen.add(id(item))
+            found.append(item)
+            stack.extend(reversed(list(vars(item).values())))
+        elif isinstance(item, (list, tuple)):
+            stack.extend(reversed(item))
+        elif isinstance(item, dict):
+            stack.extend(reversed(list(item.values())))
+    return found

@@ -11,7 +11,10 @@ dtype.
 """
 
 import gc
-import warnings
+
+import keras
+
+from keras_transformer.layers.utils import sublayers
 
 QUANTIZATION_MODES = ("int8",)
 
@@ -26,11 +29,17 @@ def check_quantization_mode(mode):
     return mode
 
 
+def _quantizable(layer):
+    """Whether `layer` quantizes its own weights: a layer class of ours or
+    Keras's whose `quantize` is not the base layer's refusal."""
+    return type(layer).quantize is not keras.layers.Layer.quantize
+
+
 def quantization_mode(model):
     """The mode `model`'s layers are quantized to, or None."""
     modes = {
         layer.quantization_mode
-        for layer in model._flatten_layers(include_self=False)
+        for layer in sublayers(model)[1:]
         if getattr(layer, "quantization_mode", None)
     }
     if len(modes) > 1:
@@ -60,8 +69,9 @@ def quantized(model, mode="int8"):
 
 
 def quantize_in_place(model, mode):
-    """`model.quantize(mode)`, without Keras's warning for each layer that
-    has nothing to quantize (layer norms, embeddings, dropouts).
+    """`model.quantize(mode)` of the layers that can be quantized: Keras
+    warns of each other layer it is asked to quantize (layer norms,
+    dropouts, the blocks that hold them).
 
     Keras collects garbage after each float kernel it drops, a pass over
     the whole heap each time: with the objects that exist now frozen out of
@@ -70,9 +80,7 @@ def quantize_in_place(model, mode):
     check_quantization_mode(mode)
     gc.freeze()
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*does not have a `quantize` method")
-            model.quantize(mode)
+        model.quantize(mode, filters=_quantizable)
     finally:
         gc.unfreeze()
     gc.collect()
