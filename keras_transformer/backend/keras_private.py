@@ -24,15 +24,6 @@ def in_stateless_scope():
     return _open_scope("stateless_scope") is not None
 
 
-def torch_parallel_adam_update(optimizer, grads, variables, learning_rate):
-    """Keras's torch Adam update of all variables at once (torch's
-    `_foreach` operations), which Keras gives `keras.optimizers.Adam` but
-    not its subclasses; there is no public entry to it."""
-    from keras.src.backend.torch.optimizers import torch_adam
-
-    torch_adam.Adam._parallel_update_step(optimizer, grads, variables, learning_rate)
-
-
 def jax_step_function(model, step):
     """Keras's JAX train (or test) function around `step`, a `jax.jit` of
     the model's step: `steps_per_execution` calls of it a call, on the

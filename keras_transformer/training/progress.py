@@ -25,14 +25,14 @@ def format_duration(seconds):
 def current_learning_rate(optimizer, step):
     """The rate of the update after `step` updates, as a float.
 
-    Calls the schedule with a plain step: `optimizer.learning_rate` passes
-    the step variable itself, which the JAX backend cannot trace inside
-    `fit`.
+    Calls the schedule, as the optimizer's config gives it, with a plain
+    step: `optimizer.learning_rate` passes the step variable itself, which
+    the JAX backend cannot trace inside `fit`.
     """
     optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # loss scaling
-    rate = optimizer._learning_rate
-    if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
-        rate = rate(step)
+    rate = optimizer.get_config()["learning_rate"]
+    if isinstance(rate, dict):  # a serialized schedule
+        rate = keras.optimizers.schedules.deserialize(rate)(step)
     return float(keras.ops.convert_to_numpy(rate))
 
 
