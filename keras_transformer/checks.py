@@ -232,7 +232,7 @@ def check_model_inputs(inputs, vocabulary_size):
     if not isinstance(inputs, dict) or set(inputs) != set(INPUT_NAMES):
         return inputs
     # Placeholders stand for the data's shapes, not its types or values.
-    placeholders = _inferring_shapes()
+    placeholders = _inferring_shapes([inputs[name] for name in INPUT_NAMES])
     checked = {}
     for name in INPUT_NAMES:
         ids = inputs[name]
@@ -306,12 +306,12 @@ def _check_dynamic_shapes(inputs):
         return {name: tf.identity(inputs[name]) for name in INPUT_NAMES}
 
 
-def _inferring_shapes():
+def _inferring_shapes(inputs=()):
     """Whether Keras runs the model on placeholders to learn its output
     shapes (`compute_output_spec`). They have the data's shapes but not
     always its type: under tf.distribute, Keras builds from the replicas'
     mean, a float batch."""
-    return keras_private.in_symbolic_scope()
+    return keras_private.in_symbolic_scope(inputs)
 
 
 def check_model_data(x, vocabulary_size):

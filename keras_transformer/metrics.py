@@ -3,7 +3,6 @@
 import keras
 from keras import ops
 
-from keras_transformer.backend import keras_private
 from keras_transformer.backend import state
 from keras_transformer.backend.cross_entropy import label_logit
 from keras_transformer.backend.cross_entropy import largest_logit
@@ -42,8 +41,8 @@ class _TokenMetric(keras.metrics.Metric):
 
     def update_state(self, y_true, y_pred, sample_weight=None):
         mask, tokens = _weighted_tokens(y_true, self.padding_id, sample_weight)
-        keras_private.assign_add(self.total, ops.sum(self.per_token(y_true, y_pred) * mask))
-        keras_private.assign_add(self.count, tokens)
+        self.total.assign_add(ops.sum(self.per_token(y_true, y_pred) * mask))
+        self.count.assign_add(tokens)
 
     def mean(self):
         return self.total / ops.maximum(self.count, 1.0)
@@ -108,7 +107,7 @@ class TargetTokens(_TokenMetric):
         super().__init__(padding_id=padding_id, name=name, **kwargs)
 
     def update_state(self, y_true, y_pred, sample_weight=None):
-        keras_private.assign_add(self.count, _weighted_tokens(y_true, self.padding_id, sample_weight)[1])
+        self.count.assign_add(_weighted_tokens(y_true, self.padding_id, sample_weight)[1])
 
     def result(self):
         # A computed tensor, not the variable: JAX cannot trace a variable

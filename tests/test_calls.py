@@ -12,6 +12,7 @@ import keras_transformer as kt
 from keras_transformer import training
 from keras_transformer.backend import state
 from keras_transformer.layers import calls
+from keras_transformer.layers.utils import sublayers
 
 V = 40
 
@@ -66,10 +67,10 @@ def test_a_step_of_direct_calls_trains_as_keras_s_calls_do(dtype, monkeypatch):
     assert any(not np.array_equal(a, b) for a, b in zip(plain_weights, weights))
 
 
-@pytest.mark.skipif(keras.backend.backend() != "torch", reason="the step that takes the compiled loss alone is torch's; TensorFlow and JAX run Keras's step")
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="direct calls in steps are torch's; TensorFlow and JAX trace a step once, through Keras's calls")
 def test_a_regularizer_adds_to_a_direct_step_s_loss_as_to_keras_s(monkeypatch):
-    """A torch step takes the compiled loss alone only where nothing adds to
-    it: a weight's regularizer still adds its penalty, as in Keras's step."""
+    """A weight's regularizer adds its penalty to a step of direct calls, as
+    through `Layer.__call__`."""
     penalty = keras.regularizers.L2(0.5)
     weights, logs, _, _ = trained("float32", True, monkeypatch, regularizer=penalty)
     keras_weights, keras_logs, _, _ = trained("float32", False, monkeypatch, regularizer=penalty)
@@ -116,138 +117,6 @@ def test_a_direct_call_drops_the_arguments_its_call_does_not_take():
         assert takes_any.kwargs == {"training": False, "mask": None}
 
 
-@pytest.mark.skipif(keras.backend.backend() != "torch", reason="TensorFlow and JAX trace the train step once, so Keras lists the variables once there already; only torch's step is ours")
-def test_a_torch_fit_lists_its_variables_once_and_leaves_no_gradients(monkeypatch):
-    """Under torch, `fit` lists the trainable variables once for all its
-    steps (Keras's step walks the model's layers for them twice a step),
-    and the steps take their gradients without leaving them on the weights
-    for the next step to clear."""
-    from keras_transformer.backend import keras_private
-    from keras_transformer.backend import torch_step
-
-    listings, walks = [], []
-    listed, sublayers = torch_step.listed, keras_private.sublayers
-    monkeypatch.setattr(torch_step, "listed", lambda model, variables: listings.append(1) or listed(model, variables))
-    monkeypatch.setattr(keras_private, "sublayers", lambda model: walks.append(1) or sublayers(model))
-    keras.utils.set_random_seed(3)
-    model = kt.build_transformer("tiny", vocabulary_size=V, num_layers=1)
-    training.compile_model(model, warmup_steps=2)
-    before = [w.copy() for w in model.get_weights()]
-    x, y = batch()
-    model.fit({key: np.repeat(value, 3, axis=0) for key, value in x.items()}, np.repeat(y, 3, axis=0), batch_size=4, epochs=1, verbose=0)
-    assert model.optimizer.iterations.numpy() == 3
-    assert len(listings) == 1 and len(walks) == 1
-    assert all(variable.value.grad is None for variable in model.trainable_weights)
-    assert all(not np.array_equal(a, b) for a, b in zip(before, model.get_weights()))
-
-
-def test_a_variable_read_directly_is_the_tensor_keras_s_read_gives():
-    """`keras_private.torch_value`, which our direct calls read kernels,
-    biases and norms' scales with, gives what `Variable.value` gives: cast
-    to the dtype of a mixed-precision layer's call only for a float
-    variable that autocasts, the scope's values inside a stateless scope,
-    and Keras's own read under the other backends."""
-    from keras_transformer.backend import keras_private
-
-    class Reads(keras.layers.Layer):
-        """Both reads of each variable, inside the layer's call."""
-
-        def build(self, input_shape):
-            self.kernel = self.add_weight(shape=(2, 3), initializer="ones")
-            self.fixed = self.add_weight(shape=(3,), initializer="ones", autocast=False)
-            self.counts = self.add_weight(shape=(3,), initializer="ones", dtype="int32", trainable=False)
-
-        def call(self, inputs):
-            return [(keras_private.torch_value(v), v.value) for v in (self.kernel, self.fixed, self.counts)]
-
-    for dtype, cast in (("float32", "float32"), ("mixed_bfloat16", "bfloat16"), ("mixed_bfloat16", "bfloat16")):
-        keras.backend.clear_session()  # which replaces Keras's record of the open scopes
-        layer = Reads(dtype=dtype)
-        layer.build(None)
-        layer.kernel.assign(np.arange(6.0).reshape(2, 3))
-        reads = layer(np.zeros((1,)))
-        with keras.StatelessScope(state_mapping=[(layer.kernel, keras.ops.full((2, 3), 7.0))]):
-            stateless = layer(np.zeros((1,)))
-        for ours, keras_s in reads + stateless:
-            assert keras.backend.standardize_dtype(ours.dtype) == keras.backend.standardize_dtype(keras_s.dtype)
-            np.testing.assert_array_equal(keras.ops.convert_to_numpy(ours), keras.ops.convert_to_numpy(keras_s))
-        assert [keras.backend.standardize_dtype(ours.dtype) for ours, _ in reads] == [cast, "float32", "int32"]
-        assert keras.ops.convert_to_numpy(stateless[0][0])[0, 0] == 7.0
-        if keras.backend.backend() == "torch" and dtype == "float32":
-            assert reads[0][0] is layer.kernel.value  # the parameter itself, which gradients reach
-
-
-@pytest.mark.skipif(keras.backend.backend() != "torch", reason="only torch's eager step casts weights one operation at a time; TensorFlow and JAX compile the step, and XLA fuses each cast into its product")
-def test_a_mixed_precision_torch_step_casts_its_weights_all_at_once(monkeypatch):
-    """A mixed_bfloat16 torch step casts its float32 weights to bfloat16
-    with one operation, and their gradients back with another, where
-    Keras's reads cast each weight, and autograd each gradient, one
-    operation at a time."""
-    import torch
-
-    from conftest import torch_operations
-    from keras_transformer.backend import keras_private
-    from keras_transformer.backend import step_casts
-
-    def casts(all_at_once):
-        keras.utils.set_random_seed(3)
-        model = kt.build_transformer("tiny", vocabulary_size=V, num_layers=1, dtype="mixed_bfloat16")
-        training.compile_model(model, warmup_steps=2)
-        x, y = batch()
-        with monkeypatch.context() as patch:
-            if not all_at_once:
-                patch.setattr(step_casts, "step_casts", lambda *args: None)
-            model.train_on_batch(x, y)  # builds the optimizer
-            with torch_operations() as step:
-                model.train_on_batch(x, y)
-        names = [operation.__name__ for operation in step.operations]
-        return names.count("_to_copy.default"), names.count("_foreach_copy_.default"), model
-
-    one_by_one, no_foreach, _ = casts(False)
-    all_at_once, foreach, model = casts(True)
-    copied = [
-        variable
-        for variable in model.trainable_weights
-        if keras_private.autocasts(variable) and variable.value.dtype == torch.float32
-    ]
-    assert len(copied) > 10 and no_foreach == 0 and foreach == 2
-    # Each copied weight is read once a step: a cast forward, one backward.
-    assert one_by_one - all_at_once == 2 * len(copied), (one_by_one, all_at_once, len(copied))
-
-
-@pytest.mark.skipif(keras.backend.backend() != "torch", reason="the weights' copies exist only in torch's eager step; TensorFlow and JAX compile the step, and XLA fuses each cast into its product")
-def test_a_weight_read_both_as_a_copy_and_by_keras_gets_both_gradients():
-    """A step's layers read a weight's compute-dtype copy through
-    `keras_private.torch_value`; a read through Keras's own property still
-    casts the float32 weight. The gradient the optimizer gets is the sum
-    of both reads', in float32; a read after the step is a cast again."""
-    import torch
-
-    from keras_transformer.backend import keras_private
-    from keras_transformer.backend import step_casts
-
-    layer = keras.layers.Dense(3, dtype="mixed_bfloat16")
-    layer.build((None, 2))
-    kernel = layer.kernel
-    parameter = kernel.value
-    casts = step_casts.StepCasts([kernel, layer.bias], [parameter, layer.bias.value], "bfloat16")
-    assert casts.indices == [0, 1]
-    kernel.assign(np.full((2, 3), 1.5))  # the copies are filled when a step reads
-    with casts.reading(), keras_private.outermost_autocast(layer):
-        ours = keras_private.torch_value(kernel)
-        keras_s = kernel.value
-        assert ours is casts.copies[0] and keras_s is not ours
-        assert ours.dtype == keras_s.dtype == torch.bfloat16
-        np.testing.assert_array_equal(ours.detach().float().numpy(), np.full((2, 3), 1.5))
-        loss = 2.0 * ours.float().sum() + 3.0 * keras_s.float().sum()
-    gradients = casts.gradients(loss, [parameter, layer.bias.value])
-    assert gradients[0].dtype == torch.float32
-    np.testing.assert_array_equal(gradients[0].numpy(), np.full((2, 3), 5.0))
-    assert gradients[1] is None  # the unread bias
-    with keras_private.outermost_autocast(layer):
-        assert keras_private.torch_value(kernel) is not casts.copies[0]
-
-
 def a_step_s_operations(monkeypatch, replaced=None):
     """The names of the torch operations of a train step of a tiny model of
     3 + 3 blocks (after a first step, which builds it), with `replaced`
@@ -278,7 +147,7 @@ def test_a_torch_step_adds_each_bias_inside_its_product(monkeypatch):
     names, model = a_step_s_operations(monkeypatch)
     apart, apart_model = a_step_s_operations(monkeypatch, (products, "biased_product", lambda *args, **kwargs: None))
     biased = [
-        layer for layer in model._flatten_layers() if isinstance(layer, keras.layers.Dense | keras.layers.EinsumDense) and layer.bias is not None
+        layer for layer in sublayers(model) if isinstance(layer, keras.layers.Dense | keras.layers.EinsumDense) and layer.bias is not None
     ]
     # 3 + 3 blocks: 6 projections an encoder block, 10 a decoder block.
     assert len(biased) == 48
@@ -311,14 +180,11 @@ def test_a_torch_step_derives_each_stack_s_attention_mask_once(monkeypatch):
     assert state.memoized("kind", (1,), lambda: []) is not state.memoized("kind", (1,), lambda: [])  # no memo outside a step
 
 
-@pytest.mark.skipif(keras.backend.backend() != "torch", reason="torch's step runs its metrics eagerly; TensorFlow and JAX trace them into the step, where the compiler merges the masks and fuses the adds")
-def test_a_torch_step_s_metrics_share_one_mask_and_add_in_place(monkeypatch):
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="torch's step runs its metrics eagerly; TensorFlow and JAX trace them into the step, where the compiler merges the masks")
+def test_a_torch_step_s_metrics_share_one_mask(monkeypatch):
     """Our token metrics derive the non-padding mask and its sum once a
-    torch step for all of them, and add to their totals in place (one
-    operation each, where Keras's `assign_add` makes a sum and copies it
-    in): the same results as Keras's arithmetic."""
+    torch step for all of them: the same results as each on its own."""
     from keras_transformer import metrics
-    from keras_transformer.backend import keras_private
 
     def step(replaced=None):
         names, model = a_step_s_operations(monkeypatch, replaced)
@@ -326,12 +192,8 @@ def test_a_torch_step_s_metrics_share_one_mask_and_add_in_place(monkeypatch):
 
     names, results = step()
     unshared, unshared_results = step((metrics, "state", types.SimpleNamespace(memoized=lambda kind, inputs, make: make())))
-    keras_s, keras_s_results = step((keras_private, "assign_add", lambda variable, value: variable.assign_add(value)))
     # Three metrics, each deriving the mask (`ne`) and summing it: one of each.
     assert unshared.count("ne.Tensor") - names.count("ne.Tensor") == 2
     assert unshared.count("sum.default") - names.count("sum.default") == 2
-    # Five additions (two totals a metric, one for the tokens' count).
-    assert names.count("add_.Tensor") - keras_s.count("add_.Tensor") == 5
-    assert keras_s.count("copy_.default") - names.count("copy_.default") == 5
-    assert results == unshared_results == keras_s_results
+    assert results == unshared_results
     assert set(results) >= {"masked_token_accuracy", "perplexity", "target_tokens"}

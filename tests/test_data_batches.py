@@ -50,29 +50,6 @@ def test_batch_k_is_the_same_for_every_instance_and_every_start(pairs):
     assert sorted(i for k in range(len(once)) for i in once.pair_indices(k)[0]) == list(range(len(pairs)))
 
 
-@in_one_pass("jax", "NumPy arrays; the JAX pass also compiles steps for them (test_compile_ahead.py)")
-def test_padding_batches_have_the_shapes_of_the_batches_to_come(pairs):
-    def shapes(batches):
-        return sorted({(features["source_ids"].shape, features["target_ids"].shape, labels.shape) for features, labels in batches})
-
-    endless = TokenBatches(pairs, 512, buckets=4, repeat=True, seed=3)
-    per_epoch = endless.batches_per_epoch
-    every = shapes(endless[k] for k in range(per_epoch))
-    assert len(every) == 4
-    assert shapes(endless.padding_batches()) == shapes(endless.padding_batches(per_epoch)) == every
-    # Fewer batches than an epoch, also across an epoch's end.
-    for start, count in ((0, 1), (3, 2), (per_epoch - 2, 4)):
-        batches = endless.starting_at(start)
-        assert shapes(batches.padding_batches(count)) == shapes(batches[k] for k in range(count))
-    once = TokenBatches(pairs, 512, buckets=4, seed=3)
-    assert shapes(once.padding_batches(10 * per_epoch)) == shapes(once[k] for k in range(len(once)))
-    for features, labels in endless.padding_batches():
-        assert labels.dtype == features["source_ids"].dtype == np.int32
-        assert not labels.any() and not features["source_ids"].any() and not features["target_ids"].any()
-    sharded = TokenBatches(pairs, 512, buckets=4, repeat=True, seed=3, batch_multiple=2, shard=(1, 2))
-    assert shapes(sharded.padding_batches()) == shapes(sharded[k] for k in range(per_epoch))
-
-
 def padded_tokens(histogram, lengths):
     """Padded tokens per row summed over pairs, each in its shortest bucket."""
     present = np.flatnonzero(histogram)

@@ -11,13 +11,12 @@ backend, how a few operations are computed:
 - `attention`: torch's fused attention on the layouts our layers keep;
 - `shapes`: reshapes and cache writes without Keras's symbolic checks
   under torch;
-- `loops`: `while_loop`, whose bodies a torch decoding call traces once
+- `loops`: `while_loop`, whose bodies a torch decoding call records once
   and replays;
 - `random`: seeded dropout whose stream lives in host memory under torch;
-- `jax_steps`: under JAX, the train and test steps compiled for all the
-  batch shapes `fit` will meet at once, in threads;
-- `keras_private`: the few private Keras names still needed, each with the
-  public API that is missing.
+- `cross_entropy`: the label-smoothed loss with its gradient written out;
+- `keras_private`: the two private Keras names still read, each with the
+  public route taken where a Keras release drops it.
 
 Nothing here changes Keras, TensorFlow, JAX or PyTorch: importing the
 package installs nothing, and each function is called by our own layers

@@ -16,17 +16,13 @@ a compiled step XLA computes them once for the loss and the metrics.
 Under torch, which runs each operation as its own kernel, the forward
 pass is one `log_softmax` and its mean, the backward pass an `exp` and one
 multiply-add, where autodiff of the formula made about twice as many
-passes. Inside `shared_step(logits)` (our torch train step), the loss also
-leaves -log p(label) for the perplexity metric given the same logits,
-which would otherwise compute the `log_softmax` a second time.
+passes.
 
 TensorFlow does not take this path: there `smoothed_cross_entropy` returns
 None and the loss differentiates its formula, which XLA fuses.
 """
 
-import contextlib
 import functools
-import threading
 
 import keras
 from keras import ops
@@ -62,39 +58,11 @@ def log_normalizer(logits):
     return peak + ops.log(ops.sum(ops.exp(ops.cast(logits, "float32") - peak[..., None]), axis=-1))
 
 
-class _Shared(threading.local):
-    logits = None  # the step's logits, while its loss and metrics run
-    negative_log_likelihood = None  # the loss's, once computed
-
-
-_shared = _Shared()
-
-
-@contextlib.contextmanager
-def shared_step(logits):
-    """Within: under torch, the loss computed from `logits` (the model's
-    float32 logits, which Keras hands to the loss as they are) leaves
-    -log p(label), which `negative_log_likelihood` then returns for the
-    same `logits` and labels."""
-    outer = (_shared.logits, _shared.negative_log_likelihood)
-    _shared.logits, _shared.negative_log_likelihood = logits, None
-    try:
-        yield
-    finally:
-        _shared.logits, _shared.negative_log_likelihood = outer
-
-
 def negative_log_likelihood(labels, logits):
     """-log p(label) per token, float32 `[B, T]`, from the loss's own
-    reductions: under JAX, and under torch inside `shared_step(logits)`
-    once the loss ran; else None."""
-    backend = keras.backend.backend()
-    if backend == "jax":
+    reductions under JAX; else None."""
+    if keras.backend.backend() == "jax":
         return log_normalizer(logits) - label_logit(labels, logits)
-    if backend == "torch" and logits is _shared.logits:
-        found = _shared.negative_log_likelihood
-        if found is not None and tuple(found.shape) == tuple(labels.shape):
-            return found
     return None
 
 
@@ -104,10 +72,7 @@ def smoothed_cross_entropy(labels, logits, label_smoothing):
     if backend == "jax":
         return _jax_loss()(labels, logits, float(label_smoothing))
     if backend == "torch":
-        per_token, negative_log_likelihood = _torch_loss().apply(labels, logits, float(label_smoothing))
-        if logits is _shared.logits:
-            _shared.negative_log_likelihood = negative_log_likelihood
-        return per_token
+        return _torch_loss().apply(labels, logits, float(label_smoothing))
     return None
 
 
@@ -141,7 +106,7 @@ def _torch_loss():
     import torch
 
     class SmoothedCrossEntropy(torch.autograd.Function):
-        """`(loss, -log p(label))` per token; the second has no gradient."""
+        """The loss per token."""
 
         @staticmethod
         def forward(ctx, labels, logits, eps):
@@ -151,12 +116,10 @@ def _torch_loss():
             loss = -(1.0 - eps) * label_log_prob - eps * log_probs.mean(-1)
             ctx.save_for_backward(labels, log_probs)
             ctx.eps, ctx.dtype = eps, logits.dtype
-            nll = -label_log_prob
-            ctx.mark_non_differentiable(nll)
-            return loss, nll
+            return loss
 
         @staticmethod
-        def backward(ctx, cotangent, _):
+        def backward(ctx, cotangent):
             labels, log_probs = ctx.saved_tensors
             eps, vocabulary = ctx.eps, log_probs.shape[-1]
             weight = cotangent.unsqueeze(-1).float()

@@ -11,7 +11,6 @@ for inputs these do not cover, each returns None and the caller runs Keras's.
 
 import keras
 
-from keras_transformer.backend import keras_private
 from keras_transformer.backend import state
 
 
@@ -34,8 +33,8 @@ def layer_norm(layer, inputs):
 
     original = inputs.dtype
     x = inputs if original in (torch.float32, torch.float64) else inputs.to(torch.float32)
-    gamma = None if layer.gamma is None else _as(keras_private.torch_value(layer.gamma), x.dtype)
-    beta = None if layer.beta is None else _as(keras_private.torch_value(layer.beta), x.dtype)
+    gamma = None if layer.gamma is None else _as(layer.gamma.value, x.dtype)
+    beta = None if layer.beta is None else _as(layer.beta.value, x.dtype)
     normalized = torch.nn.functional.layer_norm(x, (x.shape[-1],), gamma, beta, layer.epsilon)
     return _as(_as(normalized, original), getattr(torch, layer.compute_dtype))
 
@@ -51,7 +50,7 @@ def add_bias(x, bias):
     """`keras.ops.add(x, bias)` where both have one dtype."""
     if not _direct_torch(x):
         return None
-    value = keras_private.torch_value(bias) if isinstance(bias, keras.Variable) else bias
+    value = bias.value if isinstance(bias, keras.Variable) else bias
     if not _direct_torch(value) or x.dtype != value.dtype:
         return None
     return x + value

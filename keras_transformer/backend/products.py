@@ -31,7 +31,6 @@ import keras
 from keras import ops
 
 from keras_transformer import environment
-from keras_transformer.backend import keras_private
 from keras_transformer.backend import state
 
 # Below this many multiply-adds, and for one row unless the product is much
@@ -133,7 +132,7 @@ def as_matrices(x, kernel, contracted):
     import torch
 
     if isinstance(kernel, keras.Variable):  # Keras's layers pass their kernel
-        kernel = keras_private.torch_value(kernel)
+        kernel = kernel.value
     if not (
         isinstance(kernel, torch.Tensor)  # a Parameter, for a kernel
         and kernel.dtype == x.dtype
@@ -214,7 +213,7 @@ def _torch_tensor(x):
 
 
 def _kernel_value(kernel):
-    return keras_private.torch_value(kernel) if isinstance(kernel, keras.Variable) else kernel
+    return kernel.value if isinstance(kernel, keras.Variable) else kernel
 
 
 def matmul(x, kernel):

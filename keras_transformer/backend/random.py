@@ -26,7 +26,6 @@ import threading
 
 import keras
 
-from keras_transformer.backend import keras_private
 from keras_transformer.backend.keras_private import in_stateless_scope
 
 
@@ -50,8 +49,8 @@ def dropout(inputs, rate, noise_shape, seed_generator):
         and 0.0 < rate < 1.0
         and type(inputs) is torch.Tensor
         and inputs.device.type != "meta"
-        and seed_generator._initial_seed is not None
-        and keras_private.torch_value(seed_generator.state).device.type == "cpu"
+        and seed_generator.get_config()["seed"] is not None
+        and seed_generator.state.value.device.type == "cpu"
     ):
         return _dropout_with_host_seed()(inputs, rate, seed_generator)
     return keras.random.dropout(inputs, rate, noise_shape=noise_shape, seed=seed_generator)
@@ -67,7 +66,7 @@ def next_seed(seed_generator):
             return int(first + second) & 0xFFFFFFFF
     # The counters, int32 [2] in host memory, read and advanced through a
     # NumPy view of their memory: no torch operations for the host to launch.
-    counters = keras_private.torch_value(seed_generator.state).numpy()
+    counters = seed_generator.state.value.numpy()
     first, second = int(counters[0]), int(counters[1])
     counters[1:] += 1  # an array's addition, which wraps in int32 as Keras's does
     return (first + second) & 0xFFFFFFFF

@@ -30,7 +30,6 @@ the host's launches. In torch's direct calls, they are torch's own gather.
 import keras
 from keras import ops
 
-from keras_transformer.backend import keras_private
 from keras_transformer.backend import state
 
 
@@ -51,7 +50,7 @@ def reshape(x, shape):
         import torch
 
         if isinstance(x, keras.Variable):
-            x = keras_private.torch_value(x)  # a step's cast copy, if it made one
+            x = x.value
         if isinstance(x, torch.Tensor):
             return torch.reshape(x, shape)
     return ops.reshape(x, shape)
@@ -114,7 +113,7 @@ def take_rows(x, rows):
         import torch
 
         if isinstance(x, keras.Variable):
-            x = keras_private.torch_value(x)
+            x = x.value
         if isinstance(x, torch.Tensor) and type(rows) is torch.Tensor:
             if x.ndim == 2:
                 return torch.nn.functional.embedding(rows, x)  # Keras's op for a table

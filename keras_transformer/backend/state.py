@@ -13,9 +13,6 @@ function it runs. Our layers and searches read it to choose how to compute:
   TensorFlow with `jit_compile`);
 - `float_int8()`: under TensorFlow without XLA, int8 products are computed
   as float32 products of the int8 values (`backend.products`);
-- `cast_weight(variable)`: in a mixed-precision torch train step, the
-  compute-dtype copy of a float32 weight that the step made
-  (`backend.step_casts`), or None;
 - `memoized(kind, inputs, make)`: in a torch step with direct calls (a
   train step, or a search's step), what the attention layers derive from
   the model's masks (the same for every layer of a stack), made once a step;
@@ -38,7 +35,6 @@ class _State(threading.local):
     loops = None
     xla = False
     float_int8 = False
-    cast_weights = None
     memo = None
     in_place = False
 
@@ -66,18 +62,6 @@ def _direct_calls():
         yield
     finally:
         _state.direct = outer
-
-
-@contextlib.contextmanager
-def cast_weights(copies):
-    """Within this block, on this thread, `cast_weight` gives the copies in
-    `copies`, by the id of their variable."""
-    outer = _state.cast_weights
-    _state.cast_weights = copies
-    try:
-        yield
-    finally:
-        _state.cast_weights = outer
 
 
 @contextlib.contextmanager
@@ -157,8 +141,3 @@ def compiled_by_xla():
 
 def float_int8():
     return _state.float_int8
-
-
-def cast_weight(variable):
-    copies = _state.cast_weights
-    return None if copies is None else copies.get(id(variable))

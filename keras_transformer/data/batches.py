@@ -229,7 +229,7 @@ class TokenBatches(keras.utils.PyDataset):
         self._start = 0
         self._epoch = 0  # without `repeat`: which epoch `model.fit` is in
         self._plans = {}
-        self._lock = threading.Lock()
+        self._guard = threading.Lock()
 
     # === Which pairs make batch k ===
 
@@ -259,7 +259,7 @@ class TokenBatches(keras.utils.PyDataset):
             indices; batch i is `order[starts[i]:starts[i] + size]` of
             bucket `buckets[i]`.
         """
-        with self._lock:
+        with self._guard:
             if epoch not in self._plans:
                 self._plans = {}  # one epoch's plan held at a time
                 self._plans[epoch] = self._make_plan(epoch)
@@ -325,28 +325,6 @@ class TokenBatches(keras.utils.PyDataset):
         source_ids, _ = _padded(*self.pairs.gather("source", members), share, columns)
         target_ids, labels = _padded(*self.pairs.gather("target", members), share, columns, decoder=True)
         return _as_batch(source_ids, target_ids, labels)
-
-    def padding_batches(self, count=None):
-        """A batch of each shape that the next `count` batches have (all
-        the buckets that hold pairs, if None or at least an epoch), all
-        padding: what a compiled step is compiled for before it trains."""
-        if count is None or count >= self.batches_per_epoch:
-            buckets = np.flatnonzero(self.pairs_per_bucket).tolist()
-        else:
-            count = count if self.repeat else min(count, len(self))
-            met, index = set(), 0
-            while index < count:  # through at most two epochs' plans
-                epoch, step = self._epoch_and_step(index)
-                taken = self._plan(epoch)[2][step : step + count - index]
-                met.update(taken.tolist())
-                index += len(taken)
-            buckets = sorted(met)
-        shards = self.shard[1]
-        return [
-            _as_batch(*[np.zeros((int(self.batch_sizes[bucket]) // shards, int(self.lengths[bucket])), np.int32)] * 3)
-            for bucket in buckets
-        ]
-
 
     def as_tf_dataset(self):
         """The same batches as a `tf.data.Dataset`, for the TensorFlow backend.

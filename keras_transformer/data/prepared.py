@@ -84,7 +84,7 @@ class TokenizedPairs:
     mappings: list = dataclasses.field(default_factory=list)  # of a prepared set
     files: dict = dataclasses.field(default_factory=dict)  # its descriptors, by file name
     blocks: dict = dataclasses.field(default_factory=dict)  # per side: (lengths, block starts)
-    _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
+    _guard: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
 
     def __len__(self):
         return len(self.source_lengths)
@@ -127,7 +127,7 @@ class TokenizedPairs:
     def _blocks(self, side):
         """`side`'s lengths, copied into memory, and int64 where each block
         of `BLOCK_PAIRS` pairs starts; built at the first read."""
-        with self._lock:
+        with self._guard:
             if side not in self.blocks:
                 lengths = np.array(getattr(self, f"{side}_lengths"))
                 chunks = (lengths[a : a + CHUNK_PAIRS] for a in range(0, len(lengths), CHUNK_PAIRS))

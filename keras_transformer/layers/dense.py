@@ -6,9 +6,8 @@ The float calls are Keras's arithmetic with the product taken from
 `backend.products` (oneDNN under torch on the CPU). The int8 call while
 decoding is Keras's int8 arithmetic (the inputs quantized per row by the
 layer's own quantizer, int8 by int8 sums, rescaled by both scales) with
-the int8 product taken from `backend.products` too. It reads the int8
-kernel from `_kernel`: Keras has no public accessor for the stored int8
-values. Everything else (LoRA, weight-only quantization, other modes,
+the int8 product taken from `backend.products` too (the `kernel` property
+is the stored int8 kernel in int8 mode, without LoRA). Everything else (LoRA, weight-only quantization, other modes,
 gradients) is Keras's own quantized call.
 """
 
@@ -43,9 +42,9 @@ class _ProductLayer(DirectCalls):
         rank = len(inputs.shape)
         axis = -1 if contracted == 1 else tuple(range(rank - contracted, rank))
         quantized, inputs_scale = self.inputs_quantizer(inputs, axis=axis)
-        sums = products.int8_product(quantized, self._kernel, contracted)
+        sums = products.int8_product(quantized, self.kernel, contracted)
         # The input's scale `[..., 1...]`, against the output's axes.
-        output_axes = len(self._kernel.shape) - contracted
+        output_axes = len(self.kernel.shape) - contracted
         inputs_scale = ops.reshape(
             inputs_scale, tuple(ops.shape(inputs)[: rank - contracted]) + (1,) * output_axes
         )

@@ -90,12 +90,14 @@ class TokenEmbedding(DirectCalls, keras.layers.Layer):
 
     def quantize(self, mode=None, type_check=True, config=None):
         if type_check and type(self) is not TokenEmbedding:
-            raise self._not_implemented_error(self.quantize)
+            raise NotImplementedError(
+                f"Layer {type(self).__name__} does not have a `quantize()` method implemented."
+            )
         if mode != "int8":
-            # Keras's NotImplementedError: `Model.quantize` warns and leaves
-            # this layer in float while quantizing the layers that take the
-            # mode (int4 `Dense` kernels, say).
-            raise self._quantization_mode_error(mode)
+            # A NotImplementedError: `Model.quantize` warns and leaves this
+            # layer in float while quantizing the layers that take the mode
+            # (int4 `Dense` kernels, say).
+            raise _unsupported_mode(mode)
         matrix = self.embeddings
         del self.embeddings
         self.quantized_build(tuple(matrix.shape), mode)
@@ -124,7 +126,7 @@ class TokenEmbedding(DirectCalls, keras.layers.Layer):
 
     def quantized_build(self, embeddings_shape, mode, config=None):
         if mode != "int8":
-            raise self._quantization_mode_error(mode)
+            raise _unsupported_mode(mode)
         self._states_quantizer = quantizers.AbsMaxQuantizer(axis=-1)
         self.embeddings = self.add_weight(
             name="embeddings", shape=embeddings_shape, initializer="zeros",
@@ -172,3 +174,10 @@ class TokenEmbedding(DirectCalls, keras.layers.Layer):
             }
         )
         return config
+
+
+def _unsupported_mode(mode):
+    return NotImplementedError(
+        f"Invalid quantization mode for TokenEmbedding. Expected one of ('int8',). "
+        f"Received: quantization_mode={mode}"
+    )

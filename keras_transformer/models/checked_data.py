@@ -1,18 +1,19 @@
-"""Keras's training and inference entry points, with the data checked first.
+"""Keras's training and inference entry points, with the data checked where
+it enters.
 
 `Transformer` takes its inputs' ids from `fit`, `evaluate`, `predict` and
 the batch methods checked against its vocabulary: on the host where the
 data allows it (under JAX the compiled steps then leave the id callback
-out), in the data pipeline or in the model otherwise.
+out), in the data pipeline or in the model otherwise. Its steps are
+Keras's own (`train_step`, `test_step`, `predict_step`), run in the
+context our layers read (`_step_context`).
 """
 
 import contextlib
 
 import keras
 
-from keras_transformer.backend import jax_steps
 from keras_transformer.backend import state
-from keras_transformer.backend import torch_step
 from keras_transformer.checks import check_ids_on_host
 from keras_transformer.checks import check_model_data
 from keras_transformer.checks import ids_checked_on_host
@@ -26,31 +27,12 @@ class CheckedData:
     # on the host (JAX only; see `_checked_data`).
     _steps_without_id_check = frozenset()
 
-    # Under torch, uncompiled: the trainable variables and what else the
-    # steps walk, listed when `fit` or `train_on_batch` starts
-    # (backend/torch_step.py); else None.
-    _step_variables = None
-
-    # Under JAX, while `fit` runs on `TokenBatches`: a batch of padding of
-    # each shape its train and test steps will meet, for which the steps
-    # are compiled at once (backend/jax_steps.py); else None.
-    _batches_ahead = None
-
     def fit(self, x=None, *args, **kwargs):
         x = self._checked_data(x, "train_function")
         if "validation_data" in kwargs:
             kwargs["validation_data"] = _as_tf_dataset_under_tensorflow(kwargs["validation_data"])
         self._build_optimizer()
-        with self._listed_variables(), self._compiled_ahead(x, args, kwargs):
-            return super().fit(x, *args, **kwargs)
-
-    def make_train_function(self, force=False):
-        ahead = self._batches_ahead
-        if ahead is not None and (self.train_function is None or force) and jax_steps.compiles_ahead(self):
-            object.__setattr__(self, "_batches_ahead", None)  # once a fit
-            jax_steps.compile_ahead(self, *ahead)
-            return
-        super().make_train_function(force)
+        return super().fit(x, *args, **kwargs)
 
     def evaluate(self, x=None, *args, **kwargs):
         return super().evaluate(self._checked_data(x, "test_function"), *args, **kwargs)
@@ -61,8 +43,7 @@ class CheckedData:
     def train_on_batch(self, x, *args, **kwargs):
         x = self._checked_data(x, "train_function")
         self._build_optimizer()
-        with self._listed_variables():
-            return super().train_on_batch(x, *args, **kwargs)
+        return super().train_on_batch(x, *args, **kwargs)
 
     def test_on_batch(self, x, *args, **kwargs):
         return super().test_on_batch(self._checked_data(x, "test_function"), *args, **kwargs)
@@ -75,8 +56,6 @@ class CheckedData:
     # torch our layers run their calls directly (layers/calls.py).
     def train_step(self, *args, **kwargs):
         with self._step_context("train_function"):
-            if self._step_variables is not None and state.direct():
-                return torch_step.train_step(self, *args, self._step_variables, **kwargs)
             return super().train_step(*args, **kwargs)
 
     def test_step(self, *args, **kwargs):
@@ -86,49 +65,6 @@ class CheckedData:
     def predict_step(self, *args, **kwargs):
         with self._step_context("predict_function"):
             return super().predict_step(*args, **kwargs)
-
-    @contextlib.contextmanager
-    def _listed_variables(self):
-        """Lists the trainable variables for the torch steps run inside."""
-        listed = self.built and keras.backend.backend() == "torch" and not getattr(self, "jit_compile", False)
-        outer = self._step_variables
-        # Set past Keras's attribute tracking, which would count a list of
-        # variables as the model's own a second time.
-        variables = list(self.trainable_weights) if listed else []
-        # None without variables: Keras's step then warns that none train.
-        object.__setattr__(self, "_step_variables", torch_step.listed(self, variables) if variables else None)
-        try:
-            yield
-        finally:
-            object.__setattr__(self, "_step_variables", outer)
-
-    @contextlib.contextmanager
-    def _compiled_ahead(self, x, args, kwargs):
-        """Within this block, `make_train_function` compiles the steps for
-        the shapes of the batches that `fit(x, *args, **kwargs)` will take,
-        where `x` (and the validation data) are `TokenBatches` under JAX."""
-        made = self.train_function is not None  # by an earlier fit: new shapes compile as they come
-        if made or args or not isinstance(x, TokenBatches) or not jax_steps.compiles_ahead(self):
-            yield
-            return
-        per_epoch = kwargs.get("steps_per_epoch")
-        epochs = kwargs.get("epochs", 1) - kwargs.get("initial_epoch", 0)
-        train = x.padding_batches(None if per_epoch is None else per_epoch * epochs)
-        validation, test = kwargs.get("validation_data"), []
-        if (
-            isinstance(validation, TokenBatches)
-            and kwargs.get("validation_steps") is None
-            and kwargs.get("validation_freq", 1) == 1
-            and epochs >= 1
-        ):
-            # How `evaluate` will check its ids decides how the step traces.
-            self._checked_data(validation, "test_function")
-            test = validation.padding_batches()
-        object.__setattr__(self, "_batches_ahead", (train, test))
-        try:
-            yield
-        finally:
-            object.__setattr__(self, "_batches_ahead", None)
 
     @contextlib.contextmanager
     def _step_context(self, function):

@@ -10,14 +10,8 @@ from keras_transformer.backend import shapes
 from keras_transformer.backend import state
 from keras_transformer.checks import TokenIdCheck
 from keras_transformer.checks import check_model_inputs
-from keras_transformer.layers import Dropout
-from keras_transformer.layers import LearnedPositionEmbedding
-from keras_transformer.layers import LogitsBias
-from keras_transformer.layers import SinusoidalPositionEncoding
-from keras_transformer.layers import SinusoidalTable
-from keras_transformer.layers import TokenEmbedding
-from keras_transformer.layers import TransformerDecoderBlock
-from keras_transformer.layers import TransformerEncoderBlock
+from keras_transformer.layers import Dropout, LearnedPositionEmbedding, LogitsBias, SinusoidalPositionEncoding
+from keras_transformer.layers import SinusoidalTable, TokenEmbedding, TransformerDecoderBlock, TransformerEncoderBlock
 from keras_transformer.layers.dense import LayerNormalization
 from keras_transformer.models.checked_data import CheckedData
 from keras_transformer.models.config import MAX_SEED
@@ -76,6 +70,8 @@ class Transformer(CheckedData, keras.Model):
             # NumPy's generator, not Python's: Keras draws its initializers'
             # seeds from Python's, and a draw here would change them.
             config.seed = int(np.random.randint(0, MAX_SEED))
+        # Until Keras's init, attributes are set plainly (`__setattr__`).
+        object.__setattr__(self, "_making_layers", True)
         self.config = config
 
         # === Layers ===
@@ -164,9 +160,11 @@ class Transformer(CheckedData, keras.Model):
             name: keras.Input(shape=(None,), dtype="int32", name=name)
             for name in ("source_ids", "target_ids")
         }
+        outputs = self._forward(inputs)
+        object.__setattr__(self, "_making_layers", False)
         super().__init__(
             inputs=inputs,
-            outputs=self._forward(inputs),
+            outputs=outputs,
             dtype=dtype,
             **kwargs,
         )
@@ -221,10 +219,9 @@ class Transformer(CheckedData, keras.Model):
 
     def __setattr__(self, name, value):
         # The layers are made before `super().__init__()`, whose Functional
-        # graph then tracks them. Until that init has made the tracker, set
-        # attributes plainly: torch's nn.Module refuses sublayers before its
-        # own init has run.
-        if "_tracker" not in self.__dict__:
+        # graph then tracks them. Until that init, set attributes plainly:
+        # torch's nn.Module refuses sublayers before its own init has run.
+        if self.__dict__.get("_making_layers"):
             return object.__setattr__(self, name, value)
         return super().__setattr__(name, value)
 

@@ -109,7 +109,7 @@ class StopOnNonFiniteLoss(StepHook):
 
     def __init__(self):
         super().__init__()
-        self._lock = threading.Lock()
+        self._guard = threading.Lock()
 
     def on_epoch_begin(self, epoch, logs=None):
         super().on_epoch_begin(epoch, logs)
@@ -119,7 +119,7 @@ class StopOnNonFiniteLoss(StepHook):
         loss = (logs or {}).get("loss")
         if loss is None or np.isfinite(loss):
             return
-        with self._lock:  # the first step found says so, once
+        with self._guard:  # the first step found says so, once
             if self._stopped:
                 return
             self._stopped = True

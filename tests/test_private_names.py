@@ -1,0 +1,157 @@
+"""The private Keras names the package touches: at most five, all in
+`keras_transformer/backend/keras_private.py`, each with a public fallback.
+
+Keras's private names are found by introspection: the attributes that start
+with one underscore on Keras's classes (and their bases within Keras) and on
+built instances of the ones the package uses. The package's own code is
+walked as syntax: an attribute access, a `getattr`-like call with a string
+name, or an import from `keras.src`.
+"""
+
+import ast
+import pathlib
+
+import keras
+import numpy as np
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "keras_transformer"
+ALLOWED_MODULE = PACKAGE / "backend" / "keras_private.py"
+MOST_NAMES = 5
+
+KERAS_CLASSES = [
+    keras.Model, keras.Sequential, keras.layers.Layer, keras.layers.Dense, keras.layers.EinsumDense,
+    keras.layers.Embedding, keras.layers.LayerNormalization, keras.layers.Dropout, keras.Variable,
+    keras.optimizers.Optimizer, keras.optimizers.Adam, keras.optimizers.LossScaleOptimizer,
+    keras.optimizers.schedules.LearningRateSchedule, keras.metrics.Metric, keras.metrics.Mean,
+    keras.losses.Loss, keras.callbacks.Callback, keras.callbacks.TensorBoard, keras.StatelessScope,
+    keras.DTypePolicy, keras.utils.PyDataset, keras.layers.InputSpec, keras.quantizers.Quantizer,
+    keras.random.SeedGenerator,
+]
+
+
+def _private(name):
+    return name.startswith("_") and not name.startswith("__")
+
+
+def keras_private_names():
+    """The private attribute names of Keras's classes and of built objects."""
+    names = set()
+    for cls in KERAS_CLASSES:
+        for klass in cls.__mro__:
+            if klass.__module__.startswith("keras"):
+                names.update(filter(_private, vars(klass)))
+    dense = keras.layers.Dense(2)
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, dense(inputs))
+    model.compile(optimizer=keras.optimizers.Adam(), loss="mse", metrics=["mae"])
+    model.fit(np.zeros((2, 3), "float32"), np.zeros((2, 2), "float32"), verbose=0)
+    objects = [dense, model, model.optimizer, dense.kernel, keras.metrics.Mean(), keras.callbacks.Callback()]
+    for obj in objects:
+        names.update(filter(_private, vars(obj)))
+    return names
+
+
+def uses(tree, names):
+    """(line, name) of each use of a Keras private name, or of `keras.src`:
+    as an attribute, or as a string (`getattr(x, "_name")`, `"_name" in
+    vars(x)`) other than a part of an f-string."""
+    found = []
+    formatted = {id(part) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for part in node.values}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in names:
+            found.append((node.lineno, node.attr))
+        elif isinstance(node, ast.Attribute) and node.attr == "src" and getattr(node.value, "id", None) == "keras":
+            found.append((node.lineno, "keras.src"))
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("keras.src"):
+            found.append((node.lineno, node.module))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names if alias.name.startswith("keras.src")]
+        elif isinstance(node, ast.Constant) and node.value in names and id(node) not in formatted:
+            found.append((node.lineno, node.value))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("keras.src"):
+            found.append((node.lineno, node.value))  # a module imported by name
+    return found
+
+
+def test_the_walk_finds_private_names_where_they_are():
+    names = keras_private_names()
+    assert {"_flatten_layers", "_loss_tracker", "_tracker", "_value", "_autocast"} <= names
+    source = (
+        "import keras.src.utils\nx._loss_tracker\ngetattr(m, '_flatten_layers')\n"
+        "f'{a}_tracker'\nx.public\nif '_tracker' in vars(x): pass\n"
+        "importlib.import_module('keras.src.backend')\n"
+    )
+    assert sorted(uses(ast.parse(source), names)) == [
+        (1, "keras.src.utils"), (2, "_loss_tracker"), (3, "_flatten_layers"), (6, "_tracker"),
+        (7, "keras.src.backend"),
+    ]
+
+
+def test_private_keras_names_are_few_and_all_in_keras_private():
+    names = keras_private_names()
+    outside, inside = [], set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for line, name in uses(ast.parse(path.read_text()), names):
+            if path == ALLOWED_MODULE:
+                inside.add(name)
+            else:
+                outside.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {name}")
+    assert not outside, "private Keras names outside backend/keras_private.py:\n" + "\n".join(outside)
+    assert len(inside) <= MOST_NAMES, sorted(inside)
+
+
+# Trains a tiny model for three steps, with dropout, and decodes with it, in
+# a process where Keras's private function `sys.argv[1]` ("module:name", or
+# "" for none) has been removed; prints the results and our warnings.
+REMOVED = """
+import importlib, json, sys, warnings
+if sys.argv[1]:
+    module, name = sys.argv[1].split(":")
+    delattr(importlib.import_module(module), name)
+import keras, numpy as np
+import keras_transformer as kt
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    keras.utils.set_random_seed(0)
+    model = kt.build_transformer("tiny", vocabulary_size=20, num_layers=1, dropout=0.3)
+    kt.training.compile_model(model, warmup_steps=2)
+    inputs, labels = kt.data.reversal_task(8, 20, seed=0)
+    model.fit(inputs, labels, batch_size=4, epochs=1, verbose=0)
+    from keras_transformer.decoding.compiled import CompiledFunction
+    search = CompiledFunction(
+        lambda source, limits: kt.decoding.search_translations(model, source, limits, 2, 0.6, 4, 2, 3),
+        model, [2, 1],
+    )
+    ids, _ = search(inputs["source_ids"][:2], np.full((2,), 6, "int32"))
+ours = [str(w.message) for w in caught if "keras_private" in str(w.message)]
+weights = [float(np.abs(w).sum()) for w in model.get_weights()]
+print(json.dumps({"weights": weights, "ids": np.asarray(ids).tolist(), "warnings": ours}))
+"""
+
+
+def run_removed(removed):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERAS_TRANSFORMER_")}
+    result = subprocess.run(
+        [sys.executable, "-c", REMOVED, removed], capture_output=True, text=True, timeout=600, env=env
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def test_without_each_private_name_training_and_decoding_give_the_same_results_with_one_warning():
+    from keras_transformer.backend import keras_private
+
+    reference = run_removed("")
+    assert reference["warnings"] == []
+    for function, (module, name, backends) in keras_private.PRIVATE_NAMES.items():
+        if keras.backend.backend() not in backends:
+            continue  # never read here
+        removed = run_removed(f"{module}:{name}")
+        assert len(removed["warnings"]) == 1 and f"{module}.{name}" in removed["warnings"][0], (function, removed["warnings"])
+        assert removed["ids"] == reference["ids"], function
+        np.testing.assert_allclose(removed["weights"], reference["weights"], rtol=1e-6, err_msg=function)
