@@ -45,7 +45,12 @@ def worktree(revision):
 def run(tree, backend, arguments):
     """`python <arguments>` in `tree` (a script path relative to it, or
     absolute), with its own package first on the path."""
-    environment = {**os.environ, "KERAS_BACKEND": backend, "PYTHONPATH": tree, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    # Both trees with the command line's process settings (which a tree from
+    # before they left `import keras_transformer` applies at import anyway).
+    environment = {
+        **os.environ, "KERAS_BACKEND": backend, "PYTHONPATH": tree, "TF_CPP_MIN_LOG_LEVEL": "3",
+        "KERAS_TRANSFORMER_QUIET": "1",
+    }
     result = subprocess.run([sys.executable, *arguments], cwd=tree, env=environment, capture_output=True, text=True)
     if result.returncode:
         raise RuntimeError(f"{' '.join(arguments)} failed in {tree}:\n{result.stderr[-3000:]}")

@@ -45,12 +45,11 @@ def label_negative_log_likelihood(labels, logits):
     """-log p(label) per token, float32 `[B, T]`, for metrics (no gradient).
 
     The log-probabilities are the loss's own (`log_probabilities`; under
-    JAX, the loss's log-normalizer; in our torch train step, the loss's
-    value), so that where a training step is one compiled graph the metric
-    adds only a gather; a gather is the cheapest pick where nothing
-    differentiates through it. Even alone (torch outside our step) the one
-    fused `log_softmax` is faster than Keras's `logsumexp`, which makes
-    several passes.
+    JAX, the loss's log-normalizer), so that where a training step is one
+    compiled graph the metric adds only a gather; a gather is the cheapest
+    pick where nothing differentiates through it. Even alone (torch's eager
+    step) the one fused `log_softmax` is faster than Keras's `logsumexp`,
+    which makes several passes.
     """
     fused = cross_entropy.negative_log_likelihood(labels, logits)
     if fused is not None:  # the loss's own reductions

@@ -1,4 +1,4 @@
-"""Loops traced once and replayed under torch (keras_transformer/backend/loops.py)."""
+"""Loops recorded once and replayed under torch (keras_transformer/backend/loops.py)."""
 
 import keras
 import numpy as np
@@ -14,7 +14,7 @@ from keras_transformer.backend.loops import while_loop
 # instead, which test_compiled.py checks under them.
 torch_only = pytest.mark.skipif(
     keras.backend.backend() != "torch",
-    reason="loop tracing exists under torch only (torch.jit.trace); TensorFlow and JAX compile the whole "
+    reason="loop recording exists under torch only (torch.fx's make_fx); TensorFlow and JAX compile the whole "
     "search, which test_compiled.py checks on them",
 )
 
@@ -22,7 +22,8 @@ torch_only = pytest.mark.skipif(
 @torch_only
 def test_traced_loops_replay_with_each_calls_tensors_and_trace_again_for_new_constants():
     """Under torch, while decoding directly with `TracedLoops`, a
-    `while_loop` traces its condition and body once and replays them. Each
+    `while_loop` runs its condition and body eagerly the first time, records
+    them the second and replays the records after. Each
     call must bring its own tensors (the loop's and those its functions
     close over); a Python number in a closure is part of the trace, so a
     new one traces again; loop variables, and a tensor of the closure, that
@@ -59,9 +60,12 @@ def test_traced_loops_replay_with_each_calls_tensors_and_trace_again_for_new_con
         return rng.normal(size=(2, 3)).astype("float32")
 
     check(draw(), draw(), 3)
+    assert (loops.count, loops.refused, loops.eager) == (0, 0, 2)  # the condition and body met once
+    check(draw(), draw(), 3)
     assert (loops.count, loops.refused) == (2, 0)
     check(draw(), draw(), 3)
     assert loops.count == 2
+    check(draw(), draw(), 4)
     check(draw(), draw(), 4)
     assert loops.count == 3  # the condition's limit is new; the body is as before
     with torch.no_grad(), state.decoding_call(direct=True, loops=loops):
@@ -76,10 +80,9 @@ def test_traced_loops_replay_with_each_calls_tensors_and_trace_again_for_new_con
 
 
 @torch_only
-def test_tracing_a_loop_shows_the_user_no_deprecation_of_the_tracer():
-    """torch 2.13 deprecates `torch.jit.trace` with a DeprecationWarning,
-    2.14 with a FutureWarning, which Python shows: the quick start printed
-    it at every traced loop."""
+def test_recording_a_loop_shows_the_user_no_warning():
+    """torch 2.13 deprecates `torch.jit.trace`, which the quick start once
+    showed at every traced loop; the recorder warns of nothing."""
     import warnings
 
     import torch
@@ -87,13 +90,16 @@ def test_tracing_a_loop_shows_the_user_no_deprecation_of_the_tracer():
     layer = keras.layers.Dense(3)
     layer.build((None, 3))
     loops = TracedLoops(layer)
+    def condition(i, x):
+        return keras.ops.less(i, 3)
+
+    def body(i, x):
+        return i + 1, layer(x)
+
     with warnings.catch_warnings(record=True) as caught, torch.no_grad():
         warnings.simplefilter("always")
         with state.decoding_call(direct=True, loops=loops):
-            while_loop(
-                lambda i, x: keras.ops.less(i, 3),
-                lambda i, x: (i + 1, layer(x)),
-                (keras.ops.convert_to_tensor(0), keras.ops.ones((2, 3))),
-            )
+            for _ in range(2):
+                while_loop(condition, body, (keras.ops.convert_to_tensor(0), keras.ops.ones((2, 3))))
     assert loops.count == 2
-    assert not [str(w.message) for w in caught if "torch.jit.trace" in str(w.message)]
+    assert not [str(w.message) for w in caught]

@@ -241,9 +241,9 @@ def test_torch_decoding_host_counts_a_step_of_ours_and_of_transformers(tmp_path)
             figures = row[name]
             # 2 decoder blocks: dozens of kernels a step, and views.
             assert 30 < figures["computing_operations"] < figures["operations"]
-        # Ours replays a trace of the step, without Python between its
-        # operations; transformers' `generate` runs its modules from Python.
-        assert row["ours"]["function_calls"] < 100 < 1000 < row["transformers"]["function_calls"]
+        # Ours replays a record of the step, a Python call or two per
+        # operation; transformers' `generate` runs its modules from Python.
+        assert row["ours"]["function_calls"] < 1000 < row["transformers"]["function_calls"]
         assert row["ours_speed_over_transformers"] == pytest.approx(
             row["transformers"]["ms_per_step"] / row["ours"]["ms_per_step"]
         )

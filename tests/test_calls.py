@@ -1,8 +1,6 @@
-"""Our layers' direct calls in torch's train, test and predict steps
-(keras_transformer/layers/calls.py, backend/state.py's `direct_steps`)."""
+"""Our layers' direct calls in torch's decoding calls
+(keras_transformer/layers/calls.py), and what a torch train step launches."""
 
-import contextlib
-import types
 
 import keras
 import numpy as np
@@ -24,73 +22,6 @@ def batch():
     source[1, 4:] = 0  # padding, which the masks must keep out
     target[2, 3:] = 0
     return {"source_ids": source, "target_ids": target}, target
-
-
-def trained(dtype, direct, monkeypatch, dropout=0.3, regularizer=None):
-    """Weights, logs (loss and metrics) and predictions after 3 train steps
-    of a tiny model, with our layers' direct calls in its steps or through
-    `Layer.__call__`; `regularizer` on its first weight."""
-    with monkeypatch.context() as patch:
-        if not direct:
-            patch.setattr(state, "direct_steps", lambda compiled=False: contextlib.nullcontext())
-        keras.utils.set_random_seed(3)
-        model = kt.build_transformer("tiny", vocabulary_size=V, num_layers=1, dropout=dropout, attention_dropout=0.1, dtype=dtype)
-        training.compile_model(model, warmup_steps=2)
-        model.trainable_weights[0].regularizer = regularizer
-        x, y = batch()
-        calls._call_arguments.cache_clear()
-        losses = [model.train_on_batch(x, y, return_dict=True) for _ in range(3)]
-        predictions = model.predict_on_batch(x)
-        direct_calls = calls._call_arguments.cache_info().hits + calls._call_arguments.cache_info().misses
-    return model.get_weights(), losses, predictions, direct_calls
-
-
-@pytest.mark.skipif(
-    keras.backend.backend() != "torch",
-    reason="direct calls in steps are torch's; TensorFlow and JAX trace a step once, through Keras's calls",
-)
-@pytest.mark.parametrize("dtype", ["float32", "mixed_bfloat16"])
-def test_a_step_of_direct_calls_trains_as_keras_s_calls_do(dtype, monkeypatch):
-    """Under torch, our layers run their `call` directly in each step: the
-    same weights, losses and predictions, bit for bit, as through
-    `Layer.__call__`, dropout streams and bfloat16 casts included."""
-    weights, losses, predictions, direct_calls = trained(dtype, True, monkeypatch)
-    keras_weights, keras_losses, keras_predictions, keras_direct_calls = trained(dtype, False, monkeypatch)
-    assert direct_calls > 0 and keras_direct_calls == 0
-    assert losses == keras_losses
-    np.testing.assert_array_equal(predictions, keras_predictions)
-    for got, want in zip(weights, keras_weights):
-        np.testing.assert_array_equal(got, want)
-    assert {"loss", "masked_token_accuracy", "perplexity"} <= losses[0].keys()  # the metrics compared too
-    # Dropout acted in those steps: without it the weights differ.
-    plain_weights = trained(dtype, True, monkeypatch, dropout=0.0)[0]
-    assert any(not np.array_equal(a, b) for a, b in zip(plain_weights, weights))
-
-
-@pytest.mark.skipif(keras.backend.backend() != "torch", reason="direct calls in steps are torch's; TensorFlow and JAX trace a step once, through Keras's calls")
-def test_a_regularizer_adds_to_a_direct_step_s_loss_as_to_keras_s(monkeypatch):
-    """A weight's regularizer adds its penalty to a step of direct calls, as
-    through `Layer.__call__`."""
-    penalty = keras.regularizers.L2(0.5)
-    weights, logs, _, _ = trained("float32", True, monkeypatch, regularizer=penalty)
-    keras_weights, keras_logs, _, _ = trained("float32", False, monkeypatch, regularizer=penalty)
-    assert logs == keras_logs
-    for got, want in zip(weights, keras_weights):
-        np.testing.assert_array_equal(got, want)
-    plain_logs = trained("float32", True, monkeypatch)[1]
-    assert logs[0]["loss"] > plain_logs[0]["loss"]
-
-
-def test_steps_call_our_layers_directly_only_under_torch_uncompiled():
-    """Every backend: a step's context opens direct calls under torch, and
-    neither under TensorFlow and JAX, whose steps are traced, nor for a
-    step that torch compiles."""
-    assert not state.direct()
-    with state.direct_steps():
-        assert state.direct() == (keras.backend.backend() == "torch")
-    with state.direct_steps(compiled=True):
-        assert not state.direct()
-    assert not state.direct()
 
 
 def test_a_direct_call_drops_the_arguments_its_call_does_not_take():
@@ -160,40 +91,3 @@ def test_a_torch_step_adds_each_bias_inside_its_product(monkeypatch):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.skipif(keras.backend.backend() != "torch", reason="the memo is for torch's eager step; TensorFlow and JAX trace a step once, and the compiler merges the layers' identical mask computations")
-def test_a_torch_step_derives_each_stack_s_attention_mask_once(monkeypatch):
-    """In a torch train step, the attention layers of a stack get the same
-    masks and derive their merged, additive and no-key masks from them once
-    a step, not once a layer: the same weights after the step."""
-
-    def step(memo):
-        names, model = a_step_s_operations(monkeypatch, None if memo else (state, "step_memo", contextlib.nullcontext))
-        return names.count("any.dim"), model.get_weights()
-
-    once, weights = step(True)
-    per_layer, per_layer_weights = step(False)
-    # Nine attention layers, three masks (the encoder's self-attention, the
-    # decoder's, the cross-attention): one `any` a derivation, 9 -> 3.
-    assert per_layer - once == 9 - 3, (once, per_layer)
-    for got, want in zip(weights, per_layer_weights):
-        np.testing.assert_array_equal(got, want)
-    assert state.memoized("kind", (1,), lambda: []) is not state.memoized("kind", (1,), lambda: [])  # no memo outside a step
-
-
-@pytest.mark.skipif(keras.backend.backend() != "torch", reason="torch's step runs its metrics eagerly; TensorFlow and JAX trace them into the step, where the compiler merges the masks")
-def test_a_torch_step_s_metrics_share_one_mask(monkeypatch):
-    """Our token metrics derive the non-padding mask and its sum once a
-    torch step for all of them: the same results as each on its own."""
-    from keras_transformer import metrics
-
-    def step(replaced=None):
-        names, model = a_step_s_operations(monkeypatch, replaced)
-        return names, {name: float(value) for name, value in model.get_metrics_result().items()}
-
-    names, results = step()
-    unshared, unshared_results = step((metrics, "state", types.SimpleNamespace(memoized=lambda kind, inputs, make: make())))
-    # Three metrics, each deriving the mask (`ne`) and summing it: one of each.
-    assert unshared.count("ne.Tensor") - names.count("ne.Tensor") == 2
-    assert unshared.count("sum.default") - names.count("sum.default") == 2
-    assert results == unshared_results
-    assert set(results) >= {"masked_token_accuracy", "perplexity", "target_tokens"}

@@ -23,20 +23,22 @@ from keras_transformer.layers.calls import DirectCalls
 def test_the_compiled_search_equals_the_search_through_keras_layer_calls(model, tokenizer, quantize):
     """The `Translator`'s search is compiled under TensorFlow and JAX, and
     under torch calls each built layer's `call` (or int8 `quantized_call`)
-    directly and replays traces of its loops. Its
-    beams and scores must be those of the same search run eagerly through
-    `Layer.__call__`, for a second batch of the same shape too (with other
-    sentences and limits, which a trace must take from that call); the
-    model has dropout, which neither may apply."""
+    directly, runs its loops eagerly the first time, records them the
+    second and replays the records after. Its beams and scores must be
+    those of the same search run eagerly through `Layer.__call__`, for
+    later batches of the same shape too (with other sentences and limits,
+    which a record must take from that call); the model has dropout, which
+    neither may apply."""
     assert model.dropout > 0
     translator = Translator(model, tokenizer, beam_size=3, max_extra_length=6, quantize=quantize)
     sentences = [s for s in SENTENCES if s.strip()]
     first = source_batch(tokenizer, sentences)
     second = source_batch(tokenizer, sentences[::-1])
     width = max(first.shape[1], second.shape[1])
-    # A second batch of the same shape, with other sentences and limits,
-    # replays torch's traces; TensorFlow and JAX compile per shape.
-    batches = (first, second) if keras.backend.backend() == "torch" else (first,)
+    # Batches of the same shape, with other sentences and limits: torch
+    # records its loops at the second and replays them at the third;
+    # TensorFlow and JAX compile per shape.
+    batches = (first, second, first) if keras.backend.backend() == "torch" else (first,)
     for number, source_ids in enumerate(batches):
         source_ids = np.pad(source_ids, ((0, 0), (0, width - source_ids.shape[1])))
         limits = (np.arange(len(source_ids), dtype="int32") + number) % 4 + width
@@ -64,7 +66,7 @@ def test_the_compiled_search_equals_the_search_through_keras_layer_calls(model, 
 
 def search_of_every_step(model, beam_size, steps):
     """A compiled search of two sentences that runs `steps` steps past
-    their 5 tokens (EOS never ends it), called once (which traces its
+    their 5 tokens (EOS never ends it), called twice (which records its
     loops), and its inputs."""
     source_ids = np.array([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]], "int32")
     search = CompiledFunction(
@@ -74,6 +76,7 @@ def search_of_every_step(model, beam_size, steps):
         model, [2, 1],
     )  # fmt: skip
     limits = np.full((2,), 5 + steps, "int32")
+    search(source_ids, limits)
     search(source_ids, limits)
     return search, source_ids, limits
 
@@ -162,7 +165,8 @@ def test_a_torch_search_of_one_sentence_writes_its_caches_in_place(model):
         return search_translations(model, source, limits, beam_size=4, alpha=0.6, max_extra_length=7, bos_id=2, eos_id=-1)
 
     compiled = CompiledFunction(search, model, [2, 1])
-    compiled(source_ids, limits)  # traces
+    compiled(source_ids, limits)  # eager
+    compiled(source_ids, limits)  # records
     with torch_operations() as dispatched:
         ids, scores = compiled(source_ids, limits)
     assert compiled.loops.count > 0 and compiled.loops.refused == 0
@@ -212,13 +216,14 @@ def test_a_second_batch_of_the_same_bucket_is_not_traced_again(model, tokenizer)
         (a, b) for a, b in itertools.combinations(pairs, 2) if shape(a) == shape(b) and all(t.strip() for t in a + b)
     )  # two different batches of one bucket
     translator.translate(first)
+    translator.translate(second)
     loops = translator._search.loops
     traced_loops = loops and loops.count
-    translator.translate(second)
+    translator.translate(first)
     # torch has no compiled search: it runs the search on every call, and
-    # traces the loops of a shape once (a condition and a body per phase of
-    # the growing caches).
-    assert translator._search.traces == (2 if keras.backend.backend() == "torch" else 1)
+    # records the loops of a shape once, when it meets them a second time
+    # (a condition and a body per phase of the growing caches).
+    assert translator._search.traces == (3 if keras.backend.backend() == "torch" else 1)
     if keras.backend.backend() == "torch":
         assert traced_loops >= 2
         assert loops.count == traced_loops
@@ -243,8 +248,9 @@ def test_a_search_over_many_shapes_is_traced_once_per_shape(model):
     for width in (4, 6, 8, 10, 12, 14):
         source_ids = rng.integers(3, model.vocabulary_size, (1, width)).astype("int32")
         batches.append((source_ids, np.array([width + 40], "int32")))
-    for source_ids, limits in batches:
-        compiled(source_ids, limits)
+    for _ in range(2 if compiled.loops is not None else 1):  # torch records at the second meeting
+        for source_ids, limits in batches:
+            compiled(source_ids, limits)
     traces = compiled.traces
     loops = compiled.loops and compiled.loops.count
     if compiled.loops is not None:

@@ -69,20 +69,3 @@ def test_computed_in_float32_under_float16_policy():
         expected[-1].astype("float32"),
         atol=2e-3,
     )
-
-
-def test_direct_calls_reuse_one_table_per_length_for_any_batch():
-    """In direct calls (torch's eager steps) the encoding of a length is
-    computed once and broadcast to every batch of that length: the same
-    values as a fresh computation, for batches of other sizes too."""
-    from keras_transformer.backend import state
-
-    layer = SinusoidalPositionEncoding(dtype="mixed_bfloat16")
-    shapes = [(2, 5, 8), (3, 5, 8), (2, 7, 8), (3, 5, 8)]
-    expected = [to_numpy(layer(np.zeros(shape, "float32"))) for shape in shapes]
-    with state._direct_calls():
-        got = [to_numpy(layer(np.zeros(shape, "float32"))) for shape in shapes]
-    assert len(layer._tables) == 2  # lengths 5 and 7
-    for shape, want, have in zip(shapes, expected, got):
-        assert have.shape == shape
-        np.testing.assert_array_equal(have.astype("float32"), want.astype("float32"))

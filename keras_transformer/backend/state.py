@@ -5,17 +5,16 @@ function it runs. Our layers and searches read it to choose how to compute:
 
 - `direct()`: under torch, a built layer of ours runs its `call` without
   `Layer.__call__`, whose argument binding, mask walk and scopes cost more
-  than a decoding step's arithmetic (`layers/calls.py`); `direct_steps`
-  opens the same for a train, test or predict step;
+  than a decoding step's arithmetic (`layers/calls.py`);
 - `loops()`: under torch, the `backend.loops.TracedLoops` whose traces
   `backend.loops.while_loop` replays, or None;
 - `compiled_by_xla()`: the function is being traced for XLA (JAX, or
   TensorFlow with `jit_compile`);
 - `float_int8()`: under TensorFlow without XLA, int8 products are computed
   as float32 products of the int8 values (`backend.products`);
-- `memoized(kind, inputs, make)`: in a torch step with direct calls (a
-  train step, or a search's step), what the attention layers derive from
-  the model's masks (the same for every layer of a stack), made once a step;
+- `memoized(kind, inputs, make)`: in a search's step under torch's direct
+  calls, what the attention layers derive from the model's masks (the same
+  for every layer of a stack), made once a step;
 - `writes_in_place()`: in a search's step under torch's direct calls, the
   self-attention caches are the search's alone, and written in place.
 
@@ -26,7 +25,6 @@ Keras's own operations.
 import contextlib
 import threading
 
-import keras
 
 
 class _State(threading.local):
@@ -52,16 +50,6 @@ def decoding_call(direct=False, loops=None, xla=False, float_int8=False):
         yield
     finally:
         (_state.decoding, _state.direct, _state.loops, _state.xla, _state.float_int8) = outer
-
-
-@contextlib.contextmanager
-def _direct_calls():
-    outer = _state.direct
-    _state.direct = True
-    try:
-        yield
-    finally:
-        _state.direct = outer
 
 
 @contextlib.contextmanager
@@ -110,16 +98,6 @@ def memoized(kind, inputs, make):
     if entry is None:
         entry = memo[key] = (make(), inputs)
     return entry[0]
-
-
-def direct_steps(compiled=False):
-    """The context of a train, test or predict step of our model: under
-    torch, uncompiled, our built layers run their `call` directly, as in a
-    decoding call. Elsewhere a step is traced once, and `Layer.__call__`
-    costs nothing per step."""
-    if keras.backend.backend() != "torch" or compiled:
-        return contextlib.nullcontext()
-    return _direct_calls()
 
 
 def decoding():

@@ -4,7 +4,6 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_transformer.backend import state
 from keras_transformer.layers.calls import DirectCalls
 
 
@@ -39,18 +38,11 @@ class SinusoidalPositionEncoding(DirectCalls, keras.layers.Layer):
     def __init__(self, max_wavelength=10000, **kwargs):
         super().__init__(**kwargs)
         self.max_wavelength = max_wavelength
-        self._tables = {}  # (length and width, dtype, device) -> encoding, in direct calls
         self.built = True
 
     def call(self, inputs, start_index=0):
         shape = ops.shape(inputs)
         length, d_model = shape[-2], shape[-1]
-        if state.direct() and not state.decoding() and isinstance(start_index, int) and start_index == 0:
-            # Eager torch steps: one table for every batch of a length.
-            key = (int(length), int(d_model), self.compute_dtype, str(getattr(inputs, "device", "")))
-            if key not in self._tables:
-                self._tables[key] = self._table(length, d_model, 0)
-            return ops.broadcast_to(self._tables[key], shape)
         return ops.broadcast_to(self._table(length, d_model, start_index), shape)
 
     def _table(self, length, d_model, start_index):

@@ -5,15 +5,14 @@ it enters.
 the batch methods checked against its vocabulary: on the host where the
 data allows it (under JAX the compiled steps then leave the id callback
 out), in the data pipeline or in the model otherwise. Its steps are
-Keras's own (`train_step`, `test_step`, `predict_step`), run in the
-context our layers read (`_step_context`).
+Keras's own (`train_step`, `test_step`, `predict_step`), told where the
+ids were checked (`_step_context`).
 """
 
 import contextlib
 
 import keras
 
-from keras_transformer.backend import state
 from keras_transformer.checks import check_ids_on_host
 from keras_transformer.checks import check_model_data
 from keras_transformer.checks import ids_checked_on_host
@@ -52,8 +51,7 @@ class CheckedData:
         return super().predict_on_batch(self._checked_data(x, "predict_function"))
 
     # The steps Keras compiles: under JAX they leave the id check out where
-    # the data was checked on the host (checks.check_ids_on_host); under
-    # torch our layers run their calls directly (layers/calls.py).
+    # the data was checked on the host (checks.check_ids_on_host).
     def train_step(self, *args, **kwargs):
         with self._step_context("train_function"):
             return super().train_step(*args, **kwargs)
@@ -66,14 +64,8 @@ class CheckedData:
         with self._step_context("predict_function"):
             return super().predict_step(*args, **kwargs)
 
-    @contextlib.contextmanager
     def _step_context(self, function):
-        with ids_checked_on_host(function in self._steps_without_id_check):
-            with state.direct_steps(compiled=bool(getattr(self, "jit_compile", False))):
-                # Direct calls run eagerly: what the layers of a stack derive
-                # alike (their attention masks) is derived once a step.
-                with state.step_memo() if state.direct() else contextlib.nullcontext():
-                    yield
+        return ids_checked_on_host(function in self._steps_without_id_check)
 
     def _checked_data(self, x, function):
         """Checks `x` for `function`'s steps, and remakes that compiled
