@@ -13,6 +13,7 @@ import pathlib
 
 import keras
 import numpy as np
+from conftest import in_one_pass
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "keras_transformer"
 ALLOWED_MODULE = PACKAGE / "backend" / "keras_private.py"
@@ -155,3 +156,16 @@ def test_without_each_private_name_training_and_decoding_give_the_same_results_w
         assert len(removed["warnings"]) == 1 and f"{module}.{name}" in removed["warnings"][0], (function, removed["warnings"])
         assert removed["ids"] == reference["ids"], function
         np.testing.assert_allclose(removed["weights"], reference["weights"], rtol=1e-6, err_msg=function)
+
+
+@in_one_pass("jax", "reads the package's source")
+def test_no_torchscript_and_no_warning_filters_in_the_package():
+    """No `torch.jit` (deprecated since torch 2.14's releases) or other
+    TorchScript, and no filter that hides another package's warning."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            name = ast.unparse(node) if isinstance(node, ast.Attribute) else ""
+            if name.startswith("torch.jit") or name in ("warnings.filterwarnings", "warnings.simplefilter"):
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {name}")
+    assert not found, "\n".join(found)
