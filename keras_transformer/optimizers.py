@@ -40,14 +40,11 @@ def transformer_adam(d_model, warmup_steps=4000, learning_rate_scale=1.0, **kwar
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer", name="Adam")
-class SavedAdam:
+class SavedAdam(keras.optimizers.Adam):
     """The optimizer of files saved by earlier versions, which named a
     subclass of Keras's Adam ("keras_transformer>Adam"), loaded as Keras's
     Adam: the subclass had the same variables and update."""
 
     @classmethod
-    def from_config(cls, config):
-        return keras.optimizers.Adam.from_config(config)
-
-    def get_config(self):  # never made: `from_config` gives Keras's Adam
-        raise NotImplementedError
+    def from_config(cls, config, custom_objects=None):
+        return keras.optimizers.Adam.from_config(config, custom_objects=custom_objects)
