@@ -3,7 +3,6 @@
 import keras
 from keras import ops
 
-from keras_transformer.backend import state
 from keras_transformer.backend.cross_entropy import label_logit
 from keras_transformer.backend.cross_entropy import largest_logit
 from keras_transformer.losses import label_negative_log_likelihood, non_padding_mask
@@ -11,16 +10,11 @@ from keras_transformer.losses import label_negative_log_likelihood, non_padding_
 
 def _weighted_tokens(labels, padding_id, sample_weight):
     """float32 `[B, T]`: each real token's weight (1, or its sample's), 0
-    at padding; and their sum. Made once a step for all our metrics in a
-    torch step of direct calls (`backend.state.memoized`)."""
-
-    def weighted():
-        mask = non_padding_mask(labels, padding_id)
-        if sample_weight is not None:
-            mask = mask * ops.cast(sample_weight, "float32")
-        return mask, ops.sum(mask)
-
-    return state.memoized(("weighted tokens", padding_id), (labels, sample_weight), weighted)
+    at padding; and their sum."""
+    mask = non_padding_mask(labels, padding_id)
+    if sample_weight is not None:
+        mask = mask * ops.cast(sample_weight, "float32")
+    return mask, ops.sum(mask)
 
 
 class _TokenMetric(keras.metrics.Metric):

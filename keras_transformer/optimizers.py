@@ -1,5 +1,5 @@
-"""The optimizer of section 5.3: Keras's Adam, with the paper's settings
-and learning-rate schedule.
+"""The optimizer of section 5.3: Adam with the paper's settings and
+learning-rate schedule.
 
 Keras's Adam computes the same update on every backend,
 
@@ -7,9 +7,16 @@ Keras's Adam computes the same update on every backend,
     v <- beta_2 v + (1 - beta_2) g^2
     w <- w - lr sqrt(1 - beta_2^t) / (1 - beta_1^t) * m / (sqrt(v) + eps)
 
-(under torch with `_foreach` operations over all variables at once), so a
-model trains the same under each (tests/test_schedule.py).
+and ours is Keras's, except that under torch it hands the update of all
+variables to torch's public fused Adam (`torch.optim.adam.adam(...,
+fused=True)`), with epsilon placed where Keras places it: one kernel per
+device and dtype that reads and writes each weight and its moments once,
+where Keras's torch Adam makes a dozen `_foreach` passes over them. A model
+trains the same under each backend (tests/test_schedule.py).
 """
+
+import math
+import operator
 
 import keras
 
@@ -27,10 +34,10 @@ def transformer_adam(d_model, warmup_steps=4000, learning_rate_scale=1.0, **kwar
             `clipnorm` or `loss_scale_factor`.
 
     Returns:
-        A `keras.optimizers.Adam` whose learning rate is a
+        An `Adam` (a `keras.optimizers.Adam`) whose learning rate is a
         `TransformerSchedule`.
     """
-    return keras.optimizers.Adam(
+    return Adam(
         learning_rate=TransformerSchedule(d_model, warmup_steps, learning_rate_scale),
         beta_1=0.9,
         beta_2=0.98,
@@ -40,11 +47,122 @@ def transformer_adam(d_model, warmup_steps=4000, learning_rate_scale=1.0, **kwar
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer", name="Adam")
-class SavedAdam(keras.optimizers.Adam):
-    """The optimizer of files saved by earlier versions, which named a
-    subclass of Keras's Adam ("keras_transformer>Adam"), loaded as Keras's
-    Adam: the subclass had the same variables and update."""
+class Adam(keras.optimizers.Adam):
+    """Keras's Adam, whose update under torch runs in torch's fused kernel.
 
-    @classmethod
-    def from_config(cls, config, custom_objects=None):
-        return keras.optimizers.Adam.from_config(config, custom_objects=custom_objects)
+    The fused update applies where Keras's `apply` would only update:
+    variables of one float dtype on one device, each with a gradient, none
+    overwritten by its gradient or constrained, and no loss scale, clipping,
+    weight decay, amsgrad, accumulation or moving average. Elsewhere, and
+    on the other backends, the update is Keras's own.
+    """
+
+    def add_optimizer_variables(self, trainable_variables, name, initializer="zeros"):
+        made = super().add_optimizer_variables(trainable_variables, name, initializer)
+        if name == ["momentum", "velocity"]:
+            # Keras's Adam makes its moments here (`build`): keep each
+            # variable's for the fused update, out of Keras's tracking.
+            self._fused = _FusedLists(trainable_variables, *made)
+        return made
+
+    def apply(self, grads, trainable_variables=None):
+        lists = self._fusable(grads, trainable_variables)
+        if lists is None:
+            return super().apply(grads, trainable_variables)
+        _fused_update(self, lists, grads)
+        self.iterations.assign_add(1)
+
+    def _fusable(self, grads, variables):
+        """The tensors of the fused update of `variables`, or None where
+        Keras's `apply` must run (the class docstring says where)."""
+        if (
+            keras.backend.backend() != "torch"
+            or variables is None
+            or not self.built
+            or not grads
+            or any(g is None for g in grads)
+            or self.loss_scale_factor is not None
+            or self.clipnorm or self.clipvalue or self.global_clipnorm
+            or self.weight_decay
+            or self.amsgrad
+            or self.gradient_accumulation_steps
+            or self.use_ema
+        ):
+            return None
+        return self._fused.lists(variables)
+
+
+class _FusedLists:
+    """Each variable's moments, by identity, and the fused update's lists
+    per list of variables. A plain object: Keras's optimizer tracks the
+    variables it finds in its lists and dicts, and would hold these twice."""
+
+    def __init__(self, variables, momentums, velocities):
+        self.moments = {
+            id(variable): (variable, m, v)
+            for variable, m, v in zip(variables, momentums, velocities)
+            if m is not None
+        }
+        self.found = {}
+
+    def lists(self, variables):
+        key = tuple(map(id, variables))
+        found = self.found.get(key)
+        # Ids are reused once a variable is freed: the variables must be these.
+        if found is None or not all(map(operator.is_, found[0], variables)):
+            found = self.found[key] = (tuple(variables), _fused_lists(self.moments, variables))
+        return found[1]
+
+
+def _fused_lists(moments, variables):
+    """`(weights, momentums, velocities, steps, step_views)` of `variables`
+    for torch's fused kernel, or None where it does not apply."""
+    import torch
+
+    found = [moments.get(id(variable)) for variable in variables]
+    if any(f is None or f[0] is not v for f, v in zip(found, variables)):
+        return None  # a variable Keras's `apply` must see (unknown, overwritten)
+    if any(v.constraint is not None or v.overwrite_with_gradient for v in variables):
+        return None
+    weights = [v.value for v in variables]
+    if len({(w.dtype, w.device) for w in weights}) != 1 or not weights[0].is_floating_point():
+        return None
+    steps = torch.zeros(len(weights), dtype=torch.float32, device=weights[0].device)
+    return (
+        weights,
+        [m.value for _, m, _ in found],
+        [v.value for _, _, v in found],
+        steps,
+        list(steps.unbind()),
+    )
+
+
+def _fused_update(optimizer, lists, grads):
+    """Keras's Adam update at step `optimizer.iterations + 1`, by
+    `torch.optim.adam.adam(..., fused=True)`."""
+    from torch.optim.adam import adam
+
+    weights, momentums, velocities, steps, step_views = lists
+    t = int(optimizer.iterations.value) + 1
+    # torch adds epsilon to sqrt(v) / sqrt(1 - beta_2^t), Keras to sqrt(v):
+    # the same update with torch's epsilon = Keras's / sqrt(1 - beta_2^t).
+    epsilon = optimizer.epsilon / math.sqrt(1.0 - optimizer.beta_2**t)
+    steps.fill_(t - 1)  # torch's kernel counts each step itself, then updates
+    adam(
+        weights,
+        # The kernel walks a gradient in its weight's memory order, and
+        # autograd gives a kernel used transposed a transposed view.
+        [g.contiguous() for g in grads],
+        momentums,
+        velocities,
+        [],
+        step_views,
+        fused=True,
+        amsgrad=False,
+        beta1=optimizer.beta_1,
+        beta2=optimizer.beta_2,
+        lr=optimizer.learning_rate,
+        weight_decay=0.0,
+        eps=epsilon,
+        maximize=False,
+    )
