@@ -3,6 +3,7 @@
     python benchmarks/before_after.py --before HEAD~3
     python benchmarks/before_after.py --before v0.4 --backends torch --rounds 2
     python benchmarks/before_after.py --before HEAD~3 --rounds 3 --no-training
+    python benchmarks/before_after.py --before HEAD~3 --backends torch --rounds 3 --no-decoding
     python benchmarks/before_after.py --before HEAD~3 --programs
 
 The other revision is checked out into a temporary git worktree. For each
@@ -11,8 +12,11 @@ backend, each round runs both trees' own `benchmarks/decoding.py` (batch
 TensorFlow with XLA) and `benchmarks/training_speed.py` (small, float32,
 ours alone) in fresh processes, one tree after the other, the order turning
 each round so that the machine's drift falls on both. Reported: the best
-of the rounds for each tree, after over before, and ours over keras-hub
-for beam 4 in this tree.
+of the rounds for each tree and its after over before; the median of the
+rounds' own after over before (the two trees of a round ran minutes
+apart, where the drift over a run can be larger than the change); and
+ours over keras-hub for beam 4 in this tree. keras-hub's rows are the
+same code in both trees: their after / before shows the run's noise.
 
 `--programs` compares what the two trees compile instead of timing it:
 this tree's `compiled_programs.py` runs with each tree's package, and the
@@ -24,6 +28,7 @@ import contextlib
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -100,44 +105,62 @@ def main():
     parser.add_argument("--train-steps", type=int, default=10, help="timed steps per training turn")
     parser.add_argument("--train-rounds", type=int, default=3, help="training turns per run")
     parser.add_argument("--no-training", action="store_true", help="time decoding only")
+    parser.add_argument("--no-decoding", action="store_true", help="time training only")
     parser.add_argument("--out", help="also write the figures here as JSON")
     parser.add_argument("--programs", action="store_true", help="compare the compiled decoding programs, not speed")
     args = parser.parse_args()
+    if args.no_training and args.no_decoding:
+        parser.error("--no-training and --no-decoding leave nothing to time; give at most one")
     if args.programs:
         with worktree(args.before) as before:
             print("| backend | search, batch 32 | program | size (HLO lines, or operations) |\n| --- | --- | --- | ---: |")
             programs({"before": before, "after": HERE}, args.backends)
         return
     best = {}  # (backend, cell, tree) -> best figure
+    per_round = {}  # (backend, cell, tree) -> figure of each round
     with worktree(args.before) as before:
         trees = {"before": before, "after": HERE}
         for backend in args.backends:
             for round_number in range(args.rounds):
                 order = ["before", "after"] if round_number % 2 == 0 else ["after", "before"]
                 for name in order:
-                    figures = {f"{preset} {route}": value for (preset, route), value in decoding(trees[name], backend).items()}
+                    figures = {} if args.no_decoding else {
+                        f"{preset} {route}": value for (preset, route), value in decoding(trees[name], backend).items()
+                    }
                     if not args.no_training:
                         figures["train small float32"] = training(trees[name], backend, args.train_steps, args.train_rounds)
                     for cell, value in figures.items():
                         key = (backend, cell, name)
                         best[key] = max(best.get(key, 0.0), value)
+                        per_round.setdefault(key, []).append(value)
                     print(f"{backend} round {round_number + 1} {name}: {figures}", flush=True)
-    lines = ["| backend | measure | before | after | after / before |", "| --- | --- | ---: | ---: | ---: |"]
+    lines = [
+        "| backend | measure | before (best) | after (best) | after / before | rounds' after / before (median) |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
     for backend in args.backends:
         cells = sorted({cell for b, cell, _ in best if b == backend})
         for cell in cells:
             old, new = best[(backend, cell, "before")], best[(backend, cell, "after")]
-            lines.append(f"| {backend} | {cell} | {old:,.1f} | {new:,.1f} | {new / old:.2f} |")
+            ratios = [a / b for a, b in zip(per_round[(backend, cell, "after")], per_round[(backend, cell, "before")])]
+            lines.append(f"| {backend} | {cell} | {old:,.1f} | {new:,.1f} | {new / old:.2f} | {statistics.median(ratios):.2f} |")
         for preset in ("small", "base"):
             ours = best.get((backend, f"{preset} beam 4, cached", "after"))
             theirs = best.get((backend, f"{preset} beam 4, keras-hub BeamSampler", "after"))
             if ours and theirs:
-                lines.append(f"| {backend} | {preset} beam 4, ours / keras-hub (after) | | | {ours / theirs:.2f} |")
+                lines.append(f"| {backend} | {preset} beam 4, ours / keras-hub (after) | | | {ours / theirs:.2f} | |")
     print("\nDecoding in sentences/s (batch 32); training in target tokens/s.\n")
     print("\n".join(lines))
     if args.out:
         with open(args.out, "w") as file:
-            json.dump({" | ".join(key): value for key, value in best.items()}, file, indent=2)
+            json.dump(
+                {
+                    "best": {" | ".join(key): value for key, value in best.items()},
+                    "rounds": {" | ".join(key): values for key, values in per_round.items()},
+                },
+                file,
+                indent=2,
+            )
 
 
 if __name__ == "__main__":

@@ -206,7 +206,9 @@ def observe(module, how="library"):
 
     env = {
         k: v for k, v in os.environ.items()
-        if not k.startswith("KERAS_TRANSFORMER_") and k not in ("OMP_WAIT_POLICY", "TF_CPP_MIN_LOG_LEVEL")
+        # pytest's PYTEST_CURRENT_TEST names the phase, setup or call.
+        if not k.startswith(("KERAS_TRANSFORMER_", "PYTEST_"))
+        and k not in ("OMP_WAIT_POLICY", "TF_CPP_MIN_LOG_LEVEL")
     }
     result = subprocess.run(
         [sys.executable, "-c", OBSERVER, module, how],
@@ -216,17 +218,21 @@ def observe(module, how="library"):
     return json.loads(result.stdout.splitlines()[-1])
 
 
-def test_importing_the_package_changes_nothing_in_the_process():
-    keras_alone = observe("keras")
-    package = observe("keras_transformer")
-    assert package == keras_alone
+@pytest.fixture(scope="module")
+def after_import():
+    """A fresh process after `import keras_transformer`, observed."""
+    return observe("keras_transformer")
 
 
-def test_the_command_line_runs_with_the_process_settings():
+def test_importing_the_package_changes_nothing_in_the_process(after_import):
+    assert after_import == observe("keras")
+
+
+def test_the_command_line_runs_with_the_process_settings(after_import):
     import keras
 
     command = observe("keras_transformer", "command")
-    library = observe("keras_transformer")
+    library = after_import
     backend = keras.backend.backend()
     assert command["environ"].get("OMP_WAIT_POLICY") == ("PASSIVE" if backend == "torch" else None)
     assert command["environ"].get("TF_CPP_MIN_LOG_LEVEL") == "1"
