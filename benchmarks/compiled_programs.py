@@ -39,9 +39,10 @@ def digest(preset, beam_size):
     keras.utils.set_random_seed(0)
     model = kt.build_transformer(preset, vocabulary_size=8000)
 
-    def search(source, limit):
+    def search(source, limit, decoding):
         return search_translations(
-            model, source, limit, beam_size=beam_size, alpha=0.6, max_extra_length=19, bos_id=2, eos_id=-1
+            model, source, limit, beam_size=beam_size, alpha=0.6, max_extra_length=19, bos_id=2, eos_id=-1,
+            decoding=decoding,
         )
 
     backend = keras.backend.backend()

@@ -43,17 +43,17 @@ from keras_transformer.decoding.compiled import CompiledFunction  # noqa: E402
 BOS, EOS, NEVER = 2, 3, -1
 
 
-def recomputing_beam_search(model, source_ids, max_length, beam_size):
+def recomputing_beam_search(model, source_ids, max_length, beam_size, decoding=None):
     """Beam search whose step runs the whole decoder over the target buffer."""
-    encoder_output, encoder_padding_mask = model.encode(source_ids)
+    encoder_output, encoder_padding_mask = model.encode(source_ids, decoding=decoding)
     encoder_output = ops.repeat(encoder_output, beam_size, axis=0)
     encoder_padding_mask = ops.repeat(encoder_padding_mask, beam_size, axis=0)
 
     def step_fn(ids, index, state):
-        x = model._decode(ids[:, :max_length], encoder_output, encoder_padding_mask, training=False)
+        x = model._decode(ids[:, :max_length], encoder_output, encoder_padding_mask, training=False, decoding=decoding)
         # Only the newest position's logits are needed.
         x = ops.slice(x, [0, index, 0], [ops.shape(x)[0], 1, model.d_model])
-        return model._logits(x)[:, 0], state
+        return model._logits(x, decoding)[:, 0], state
 
     batch_size = ops.shape(source_ids)[0]
     return beam_search(
@@ -63,6 +63,7 @@ def recomputing_beam_search(model, source_ids, max_length, beam_size):
         beam_size=beam_size,
         max_length=max_length,
         eos_id=NEVER,
+        decoding=decoding,
     )
 
 
@@ -205,21 +206,21 @@ def benchmark(preset, args):
     limits = np.full((args.batch_size,), max_length, "int32")
 
     def ours(beam_size):
-        return lambda source, limit: search_translations(
+        return lambda source, limit, decoding: search_translations(
             model, source, limit, beam_size=beam_size, alpha=0.6,
-            max_extra_length=extra, bos_id=BOS, eos_id=NEVER,
+            max_extra_length=extra, bos_id=BOS, eos_id=NEVER, decoding=decoding,
         )
 
     routes = {
         "greedy, cached": (ours(1), model, (source_ids, limits)),
         "beam 4, cached": (ours(4), model, (source_ids, limits)),
         "beam 4, recomputed": (
-            lambda source: recomputing_beam_search(model, source, max_length, 4),
+            lambda source, decoding: recomputing_beam_search(model, source, max_length, 4, decoding),
             model,
             (source_ids,),
         ),
         "beam 4, keras-hub BeamSampler": (
-            lambda source: keras_hub_beam_search(model, hub_decoder, source, max_length, 4),
+            lambda source, decoding: keras_hub_beam_search(model, hub_decoder, source, max_length, 4),
             Weights(model, hub_decoder),
             (source_ids,),
         ),

@@ -93,11 +93,11 @@ def ours(model, beam_size, output_length, source_length, jit_compile, bos_id=BOS
     `source_length + max_extra_length` positions. `model_ids` maps the
     shared sources to the model's ids (a converted model's), if given."""
 
-    def search(source, limit):
+    def search(source, limit, decoding):
         return search_translations(
             model, source, limit, beam_size=beam_size, alpha=ALPHA,
             max_extra_length=output_length - source_length,
-            bos_id=bos_id, eos_id=NEVER, length_penalty=length_penalty,
+            bos_id=bos_id, eos_id=NEVER, length_penalty=length_penalty, decoding=decoding,
         )
 
     compiled = CompiledFunction(search, model, [2, 1], jit_compile=jit_compile)
@@ -118,7 +118,7 @@ def ours(model, beam_size, output_length, source_length, jit_compile, bos_id=BOS
 
 def keras_hub_contender(model, hub_decoder, sampler, output_length, jit_compile):
     compiled = CompiledFunction(
-        lambda source: keras_hub_search(model, hub_decoder, source, output_length, sampler),
+        lambda source, decoding: keras_hub_search(model, hub_decoder, source, output_length, sampler),
         Weights(model, hub_decoder), [2], jit_compile=jit_compile,
         direct_layer_calls=False,  # under torch, through `Layer.__call__`, as keras-hub runs
     )

@@ -38,10 +38,10 @@ BOS, NEVER, ALPHA = 2, -1, 0.6
 
 
 def ours(model, beam_size, output_length, source_length):
-    def search(source, limit):
+    def search(source, limit, decoding):
         return search_translations(
             model, source, limit, beam_size=beam_size, alpha=ALPHA,
-            max_extra_length=output_length - source_length, bos_id=BOS, eos_id=NEVER,
+            max_extra_length=output_length - source_length, bos_id=BOS, eos_id=NEVER, decoding=decoding,
         )  # fmt: skip
 
     compiled = CompiledFunction(search, model, [2, 1])

@@ -20,7 +20,6 @@ import keras
 import numpy as np
 
 from keras_transformer.backend import keras_private
-from keras_transformer.backend import state
 
 
 def check_count(name, value, least=1):
@@ -180,11 +179,11 @@ class TokenIdCheck(keras.layers.Layer):
         self.input_name = input_name
         self.built = True
 
-    def __call__(self, ids, *args, **kwargs):
-        # In torch's steps and decoding calls, as our layers do
-        # (layers/calls.py): `Layer.__call__` costs more than the check.
-        # Arrays go through it, which makes them tensors.
-        if state.direct() and keras.ops.is_tensor(ids):
+    def __call__(self, ids, *args, decoding=None, **kwargs):
+        # In torch's decoding calls, as our layers do (layers/calls.py):
+        # `Layer.__call__` costs more than the check. Arrays go through it,
+        # which makes them tensors.
+        if decoding is not None and decoding.direct and keras.ops.is_tensor(ids):
             return self.call(ids)
         return super().__call__(ids, *args, **kwargs)
 

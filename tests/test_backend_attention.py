@@ -1,6 +1,5 @@
 """Attention on our layouts per backend (keras_transformer/backend/attention.py)."""
 
-import contextlib
 
 import keras
 import numpy as np
@@ -10,7 +9,7 @@ from conftest import to_numpy
 
 import keras_transformer as kt
 from keras_transformer.backend import attention
-from keras_transformer.backend import state
+from keras_transformer.backend.options import DecodingOptions
 
 
 @pytest.mark.parametrize("decoding", [False, True])
@@ -33,16 +32,16 @@ def test_attention_equals_keras_dot_product_attention(decoding):
         expected = to_numpy(
             keras.ops.dot_product_attention(queries, keys, keys * 2.0, mask=keras_mask, scale=scale)
         )
-        with state.decoding_call(direct=True) if decoding else contextlib.nullcontext():
-            got = to_numpy(
-                attention.dot_product_attention(
-                    queries,
-                    keys,
-                    keys * 2.0,
-                    None if case_mask is None else keras.ops.convert_to_tensor(case_mask),
-                    scale,
-                )
+        got = to_numpy(
+            attention.dot_product_attention(
+                queries,
+                keys,
+                keys * 2.0,
+                None if case_mask is None else keras.ops.convert_to_tensor(case_mask),
+                scale,
+                DecodingOptions(direct=True) if decoding else None,
             )
+        )
         np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
         assert np.all(np.isfinite(got))
 
@@ -74,9 +73,8 @@ def test_attention_over_a_cache_while_decoding_equals_the_written_out_softmax(mo
 
         monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counted)
     for case_mask in (None, keras.ops.convert_to_tensor(mask)):
-        expected = to_numpy(layer._attend_to_cache(query, key, value, case_mask))
-        with state.decoding_call(direct=True):
-            got = to_numpy(layer._attend_to_cache(query, key, value, case_mask))
+        expected = to_numpy(layer._attend_to_cache(query, key, value, case_mask, None))
+        got = to_numpy(layer._attend_to_cache(query, key, value, case_mask, DecodingOptions(direct=True)))
         attends = np.ones((2, 3), bool) if case_mask is None else mask.any(-1)
         np.testing.assert_allclose(got[attends], expected[attends], rtol=1e-5, atol=1e-6)
     assert len(fused_calls) == (2 if keras.backend.backend() == "torch" else 0)
@@ -158,9 +156,9 @@ def test_a_mixed_bfloat16_training_step_reaches_attention_in_the_form_cudnn_take
     seen = []
     own = attention.dot_product_attention
 
-    def recorded(query, key, value, mask, scale):
+    def recorded(query, key, value, mask, scale, decoding=None):
         seen.append((query, key, None if mask is None else to_numpy(mask)))
-        return own(query, key, value, mask, scale)
+        return own(query, key, value, mask, scale, decoding)
 
     monkeypatch.setattr(attention, "dot_product_attention", recorded)
     batch = {

@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 from conftest import to_numpy
 
-from keras_transformer.backend import state
 from keras_transformer.backend.loops import TracedLoops
 from keras_transformer.backend.loops import while_loop
 
@@ -21,8 +20,7 @@ torch_only = pytest.mark.skipif(
 
 @torch_only
 def test_traced_loops_replay_with_each_calls_tensors_and_trace_again_for_new_constants():
-    """Under torch, while decoding directly with `TracedLoops`, a
-    `while_loop` runs its condition and body eagerly the first time, records
+    """Under torch, given `TracedLoops`, a `while_loop` runs its condition and body eagerly the first time, records
     them the second and replays the records after. Each
     call must bring its own tensors (the loop's and those its functions
     close over); a Python number in a closure is part of the trace, so a
@@ -36,7 +34,7 @@ def test_traced_loops_replay_with_each_calls_tensors_and_trace_again_for_new_con
     loops = TracedLoops(layer)
     rng = np.random.default_rng(0)
 
-    def run(start, shift, limit):
+    def run(start, shift, limit, loops=None):
         shift = keras.ops.convert_to_tensor(shift)
         x = keras.ops.convert_to_tensor(start)
 
@@ -47,12 +45,12 @@ def test_traced_loops_replay_with_each_calls_tensors_and_trace_again_for_new_con
             return i + 1, layer(x) + shift + first, y * 2.0 + x
 
         first = x
-        return while_loop(condition, body, (keras.ops.convert_to_tensor(0), x, x))
+        return while_loop(condition, body, (keras.ops.convert_to_tensor(0), x, x), loops=loops)
 
     def check(start, shift, limit):
         expected = run(start, shift, limit)
-        with torch.no_grad(), state.decoding_call(direct=True, loops=loops):
-            got = run(start, shift, limit)
+        with torch.no_grad():
+            got = run(start, shift, limit, loops)
         for g, e in zip(got, expected, strict=True):
             np.testing.assert_allclose(to_numpy(g), to_numpy(e), rtol=1e-6)
 
@@ -68,12 +66,13 @@ def test_traced_loops_replay_with_each_calls_tensors_and_trace_again_for_new_con
     check(draw(), draw(), 4)
     check(draw(), draw(), 4)
     assert loops.count == 3  # the condition's limit is new; the body is as before
-    with torch.no_grad(), state.decoding_call(direct=True, loops=loops):
+    with torch.no_grad():
         array = draw()
         i, x, y = while_loop(
             lambda i, x, y: keras.ops.less(i, 2),
             lambda i, x, y: (i + 1, x + array, y),
             (keras.ops.convert_to_tensor(0), keras.ops.convert_to_tensor(array), keras.ops.convert_to_tensor(array)),
+            loops=loops,
         )
     np.testing.assert_allclose(to_numpy(x), 3 * array, rtol=1e-6)
     assert (loops.count, loops.refused) == (3, 0)  # not tried: Keras's loop runs it
@@ -98,8 +97,7 @@ def test_recording_a_loop_shows_the_user_no_warning():
 
     with warnings.catch_warnings(record=True) as caught, torch.no_grad():
         warnings.simplefilter("always")
-        with state.decoding_call(direct=True, loops=loops):
-            for _ in range(2):
-                while_loop(condition, body, (keras.ops.convert_to_tensor(0), keras.ops.ones((2, 3))))
+        for _ in range(2):
+            while_loop(condition, body, (keras.ops.convert_to_tensor(0), keras.ops.ones((2, 3))), loops=loops)
     assert loops.count == 2
     assert not [str(w.message) for w in caught]

@@ -9,7 +9,7 @@ from conftest import to_numpy
 
 import keras_transformer as kt
 from keras_transformer.backend import products as backend_products
-from keras_transformer.backend import state
+from keras_transformer.backend.options import DecodingOptions
 from keras_transformer.backend.products import ONEDNN_MIN_PRODUCT
 from keras_transformer.backend.products import matrix_product_form
 
@@ -148,8 +148,8 @@ def test_on_an_intel_cpu_the_products_stay_with_torch_s_mkl(monkeypatch, vendor,
         x = torch.randn(4, 16, 128)
         y, onednn, mm = onednn_calls(lambda: feed_forward(x))
         assert (onednn, mm) == ((2, 0) if through_onednn else (0, 2))
-        with torch.no_grad(), state.decoding_call(direct=True):
-            decoded, onednn, mm = onednn_calls(lambda: feed_forward(x))
+        with torch.no_grad():
+            decoded, onednn, mm = onednn_calls(lambda: feed_forward(x, decoding=DecodingOptions(direct=True)))
         assert (onednn, mm) == ((2, 0) if through_onednn else (0, 2))
         np.testing.assert_allclose(to_numpy(decoded), to_numpy(y), rtol=1e-5, atol=1e-5)
     finally:
@@ -176,26 +176,26 @@ def test_int8_products_while_decoding_equal_keras(scope):
     kernel, head_kernel, back_kernel = int8(16, 24), int8(16, 4, 8), int8(4, 8, 16)
     table = keras.Variable(rng.integers(-127, 128, (24, 16)).astype("int8"), trainable=False)
     ops = keras.ops
+    options = DecodingOptions(**scope)
     cases = [
-        (lambda: backend_products.int8_product(x2, kernel, 1), lambda: ops.matmul(x2, kernel)),
-        (lambda: backend_products.int8_product(x3, kernel, 1), lambda: ops.matmul(x3, kernel)),
-        (lambda: backend_products.int8_product(row, kernel, 1), lambda: ops.matmul(row, kernel)),
-        (lambda: backend_products.int8_product(x2, head_kernel, 1), lambda: ops.einsum("td,dnh->tnh", x2, head_kernel)),
-        (lambda: backend_products.int8_product(heads, back_kernel, 2), lambda: ops.einsum("tnh,nhd->td", heads, back_kernel)),
-        (lambda: backend_products.int8_rows_by_rows(x2, table), lambda: ops.einsum("td,vd->tv", x2, table)),
-        (lambda: backend_products.int8_rows_by_rows(row, table), lambda: ops.einsum("td,vd->tv", row, table)),
+        (lambda: backend_products.int8_product(x2, kernel, 1, options), lambda: ops.matmul(x2, kernel)),
+        (lambda: backend_products.int8_product(x3, kernel, 1, options), lambda: ops.matmul(x3, kernel)),
+        (lambda: backend_products.int8_product(row, kernel, 1, options), lambda: ops.matmul(row, kernel)),
+        (lambda: backend_products.int8_product(x2, head_kernel, 1, options), lambda: ops.einsum("td,dnh->tnh", x2, head_kernel)),
+        (lambda: backend_products.int8_product(heads, back_kernel, 2, options), lambda: ops.einsum("tnh,nhd->td", heads, back_kernel)),
+        (lambda: backend_products.int8_rows_by_rows(x2, table, options), lambda: ops.einsum("td,vd->tv", x2, table)),
+        (lambda: backend_products.int8_rows_by_rows(row, table, options), lambda: ops.einsum("td,vd->tv", row, table)),
     ]
     for ours, keras_s in cases:
         expected = keras_s()
-        with state.decoding_call(**scope):
-            got = ours()
+        got = ours()
         assert keras.backend.standardize_dtype(got.dtype) == "int32"
         np.testing.assert_array_equal(to_numpy(got), to_numpy(expected))
     assert np.abs(to_numpy(cases[0][1]())).max() > 127 * 127  # sums beyond int16
     if keras.backend.backend() == "torch" and scope.get("direct"):
         import torch
 
-        with torch.profiler.profile() as profile, state.decoding_call(**scope):
+        with torch.profiler.profile() as profile:
             for ours, _ in cases:
                 ours()
         calls = collections.Counter(event.name for event in profile.events())
@@ -224,8 +224,7 @@ def test_float_einsum_products_while_decoding_equal_keras():
     ]
     for equation, x, kernel in cases:
         expected = keras.ops.einsum(equation, x, kernel)
-        with state.decoding_call(direct=True):
-            got = backend_products.einsum(equation, x, kernel)
+        got = backend_products.einsum(equation, x, kernel, DecodingOptions(direct=True))
         assert keras.backend.standardize_dtype(got.dtype) == keras.backend.standardize_dtype(expected.dtype)
         assert tuple(got.shape) == tuple(expected.shape)
         np.testing.assert_allclose(to_numpy(got), to_numpy(expected), rtol=1e-5, atol=1e-5)
@@ -257,9 +256,11 @@ def test_large_float_products_while_decoding_equal_keras(monkeypatch):
             matmul(small, small_kernel),
         ]
 
+    def decoding_matmul(x, kernel):
+        return backend_products.matmul(x, kernel, DecodingOptions(direct=True))
+
     expected = products(keras.ops.matmul)
-    with state.decoding_call(direct=True):
-        got = products(backend_products.matmul)
+    got = products(decoding_matmul)
     for g, e in zip(got, expected, strict=True):
         assert keras.backend.standardize_dtype(g.dtype) == "float32"
         assert tuple(g.shape) == tuple(e.shape)
@@ -271,25 +272,26 @@ def test_large_float_products_while_decoding_equal_keras(monkeypatch):
     from keras_transformer.backend.loops import TracedLoops
     from keras_transformer.backend.loops import while_loop
 
-    with torch.profiler.profile() as profile, state.decoding_call(direct=True):
-        products(backend_products.matmul)
+    with torch.profiler.profile() as profile:
+        products(decoding_matmul)
     calls = collections.Counter(event.name for event in profile.events())
     assert calls["mkldnn::_linear_pointwise"] == 3
     assert calls["aten::mm"] == 2
 
     loops = TracedLoops(keras.layers.Dense(1))
 
-    def run():
+    def run(loops=None):
         return while_loop(
             lambda i, x: keras.ops.less(i, 2),
-            lambda i, x: (i + 1, backend_products.matmul(x, kernel)[:, :, :64] / 30.0),
+            lambda i, x: (i + 1, decoding_matmul(x, kernel)[:, :, :64] / 30.0),
             (keras.ops.convert_to_tensor(0), x3),
+            loops=loops,
         )
 
     expected = run()
-    with torch.no_grad(), state.decoding_call(direct=True, loops=loops):
-        run()  # eager, the first time
-        got = run()  # recorded
+    with torch.no_grad():
+        run(loops)  # eager, the first time
+        got = run(loops)  # recorded
     assert (loops.count, loops.refused) == (2, 0)
     np.testing.assert_allclose(to_numpy(got[1]), to_numpy(expected[1]), rtol=1e-5, atol=1e-5)
 

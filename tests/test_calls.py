@@ -8,7 +8,7 @@ import pytest
 
 import keras_transformer as kt
 from keras_transformer import training
-from keras_transformer.backend import state
+from keras_transformer.backend.options import DecodingOptions
 from keras_transformer.layers import calls
 from keras_transformer.layers.utils import sublayers
 
@@ -42,10 +42,10 @@ def test_a_direct_call_drops_the_arguments_its_call_does_not_take():
     takes.build((2,))
     takes_any.build((2,))
     x = np.ones((1, 2), "float32")
-    with state.decoding_call(direct=True):
-        assert takes(x, training=True, mask=None) is x and takes.training is True
-        takes_any(x, training=False, mask=None)
-        assert takes_any.kwargs == {"training": False, "mask": None}
+    direct = DecodingOptions(direct=True)
+    assert takes(x, training=True, mask=None, decoding=direct) is x and takes.training is True
+    takes_any(x, training=False, mask=None, decoding=direct)
+    assert takes_any.kwargs == {"training": False, "mask": None, "decoding": direct}
 
 
 def a_step_s_operations(monkeypatch, replaced=None):

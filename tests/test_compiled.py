@@ -12,7 +12,7 @@ from translation_fixtures import tokenizer  # noqa: F401 (a fixture)
 from translation_fixtures import source_batch
 
 import keras_transformer as kt
-from keras_transformer.backend import state
+from keras_transformer.backend.options import DecodingOptions
 from keras_transformer.decoding import Translator
 from keras_transformer.decoding import search_translations
 from keras_transformer.decoding.compiled import CompiledFunction
@@ -70,8 +70,9 @@ def search_of_every_step(model, beam_size, steps):
     loops), and its inputs."""
     source_ids = np.array([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]], "int32")
     search = CompiledFunction(
-        lambda source, limits: search_translations(
-            model, source, limits, beam_size=beam_size, alpha=0.6, max_extra_length=steps, bos_id=2, eos_id=-1
+        lambda source, limits, decoding: search_translations(
+            model, source, limits, beam_size=beam_size, alpha=0.6, max_extra_length=steps, bos_id=2, eos_id=-1,
+            decoding=decoding,
         ),
         model, [2, 1],
     )  # fmt: skip
@@ -161,8 +162,10 @@ def test_a_torch_search_of_one_sentence_writes_its_caches_in_place(model):
 
     source_ids, limits = np.array([[5, 6, 7, 8, 3]], "int32"), np.array([12], "int32")
 
-    def search(source, limits):
-        return search_translations(model, source, limits, beam_size=4, alpha=0.6, max_extra_length=7, bos_id=2, eos_id=-1)
+    def search(source, limits, decoding=None):
+        return search_translations(
+            model, source, limits, beam_size=4, alpha=0.6, max_extra_length=7, bos_id=2, eos_id=-1, decoding=decoding
+        )
 
     compiled = CompiledFunction(search, model, [2, 1])
     compiled(source_ids, limits)  # eager
@@ -195,8 +198,10 @@ def test_a_mixed_precision_model_decodes_through_keras_layer_calls():
     source_ids[:, -1] = 2
     limits = np.full((3,), 10, "int32")
 
-    def search(source_ids, limits):
-        return search_translations(model, source_ids, limits, beam_size=2, alpha=0.6, max_extra_length=4, bos_id=1, eos_id=2)
+    def search(source_ids, limits, decoding=None):
+        return search_translations(
+            model, source_ids, limits, beam_size=2, alpha=0.6, max_extra_length=4, bos_id=1, eos_id=2, decoding=decoding
+        )
 
     compiled_ids, compiled_scores = CompiledFunction(search, model, [2, 1])(source_ids, limits)
     ids, scores = search(keras.ops.convert_to_tensor(source_ids), keras.ops.convert_to_tensor(limits))
@@ -236,10 +241,10 @@ def test_a_search_over_many_shapes_is_traced_once_per_shape(model):
     whose functions are compiled per shape)."""
     never = model.vocabulary_size + 1  # no EOS: every search runs to its limit
 
-    def search(source_ids, limits):
+    def search(source_ids, limits, decoding=None):
         return search_translations(
             model, source_ids, limits, beam_size=1, alpha=0.6, max_extra_length=40,
-            bos_id=1, eos_id=never,
+            bos_id=1, eos_id=never, decoding=decoding,
         )
 
     compiled = CompiledFunction(search, model, [2, 1])
@@ -265,10 +270,11 @@ def test_a_search_over_many_shapes_is_traced_once_per_shape(model):
         assert compiled.traces == traces
 
 
-def test_our_built_layers_skip_keras_call_in_a_direct_decoding_call_only():
-    """Inside a torch decoding call with direct calls, a built layer of ours
-    runs its `call` itself; an unbuilt one, a layer that is not ours, and
-    every layer outside the block go through `Layer.__call__`."""
+def test_our_built_layers_skip_keras_call_given_direct_decoding_options_only():
+    """Given decoding options with direct calls (torch's decoding calls), a
+    built layer of ours runs its `call` itself; an unbuilt one, a layer that
+    is not ours, and a call without such options go through
+    `Layer.__call__`. The options reach `call` where it takes them."""
 
     class Seen(keras.layers.Layer):
         def build(self, shape):
@@ -281,23 +287,28 @@ def test_our_built_layers_skip_keras_call_in_a_direct_decoding_call_only():
     class Ours(DirectCalls, Seen):
         pass
 
-    built, unbuilt, keras_s = Ours(), Ours(), Seen()
-    built.build((2,))
-    keras_s.build((2,))
+    class Passing(DirectCalls, Seen):
+        def call(self, x, decoding=None):
+            self.given = decoding
+            return super().call(x)
+
+    direct = DecodingOptions(direct=True)
+    built, unbuilt, keras_s, passing = Ours(), Ours(), Seen(), Passing()
+    for layer in (built, keras_s, passing):
+        layer.build((2,))
     x = np.ones((1, 2), "float32")
-    with pytest.raises(RuntimeError, match="inside"):
-        with state.decoding_call(direct=True):
-            built(x)
-            assert built.seen is x  # `call` itself: Keras would convert x to a tensor
-            keras_s(x)
-            assert keras_s.seen is not x
-            unbuilt(x)
-            assert unbuilt.built and unbuilt.seen is not x  # built by Keras's own `__call__`
-            with state.decoding_call(direct=False):
-                built(x)
-                assert built.seen is not x
-            built(x)
-            assert built.seen is x
-            raise RuntimeError("an error inside the block")
-    built(x)
-    assert built.seen is not x
+    built(x, decoding=direct)
+    assert built.seen is x  # `call` itself: Keras would convert x to a tensor
+    unbuilt(x, decoding=direct)
+    assert unbuilt.built and unbuilt.seen is not x  # built by Keras's own `__call__`
+    for options in (None, DecodingOptions(direct=False)):
+        built(x, decoding=options)
+        assert built.seen is not x
+    passing(x, decoding=direct)
+    assert passing.seen is x and passing.given is direct
+    passing(x, decoding=DecodingOptions(xla=True))
+    assert passing.seen is not x and passing.given.xla
+    passing(x)
+    assert passing.given is None
+    with pytest.raises(TypeError):
+        keras_s(x, decoding=direct)  # not ours: Keras's call takes no options

@@ -6,7 +6,7 @@ import pytest
 from conftest import to_numpy
 
 import keras_transformer as kt
-from keras_transformer.backend import state
+from keras_transformer.backend.options import DecodingOptions
 from keras_transformer.layers.dense import Dense
 from keras_transformer.layers.dense import EinsumDense
 
@@ -62,7 +62,6 @@ def test_the_int8_calls_while_decoding_equal_keras_s_int8_calls(scope):
     for (ours, keras_s), x, row in zip(pairs, inputs, rows, strict=True):
         for batch in (x, row):
             expected = to_numpy(keras_s(batch))
-            with state.decoding_call(**scope):
-                got = to_numpy(ours(batch))
+            got = to_numpy(ours(batch, decoding=DecodingOptions(**scope)))
             np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
             assert np.abs(expected).max() > 0.1

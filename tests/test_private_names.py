@@ -120,7 +120,9 @@ with warnings.catch_warnings(record=True) as caught:
     model.fit(inputs, labels, batch_size=4, epochs=1, verbose=0)
     from keras_transformer.decoding.compiled import CompiledFunction
     search = CompiledFunction(
-        lambda source, limits: kt.decoding.search_translations(model, source, limits, 2, 0.6, 4, 2, 3),
+        lambda source, limits, decoding: kt.decoding.search_translations(
+            model, source, limits, 2, 0.6, 4, 2, 3, decoding=decoding
+        ),
         model, [2, 1],
     )
     ids, _ = search(inputs["source_ids"][:2], np.full((2,), 6, "int32"))

@@ -286,7 +286,7 @@ def test_under_xla_single_int8_rows_are_multiplied_beside_a_row_of_zeros():
     head_kernel = keras.ops.convert_to_tensor(rng.integers(-127, 128, (64, 4, 24)).astype("int8"))
     embeddings = keras.ops.convert_to_tensor(rng.integers(-127, 128, (96, 64)).astype("int8"))
 
-    def products(x, ours=True):
+    def products(x, ours=True, decoding=None):
         x = keras.ops.cast(x, "int8")
         row = x[:1]
         if not ours:
@@ -297,10 +297,10 @@ def test_under_xla_single_int8_rows_are_multiplied_beside_a_row_of_zeros():
                 keras.ops.matmul(x, kernel),
             ]
         return [
-            backend_products.int8_product(row, kernel, 1),
-            backend_products.int8_product(row[:, None], head_kernel, 1),
-            backend_products.int8_rows_by_rows(row, embeddings),  # our int8 logits' form
-            backend_products.int8_product(x, kernel, 1),  # 5 rows: as they are
+            backend_products.int8_product(row, kernel, 1, decoding),
+            backend_products.int8_product(row[:, None], head_kernel, 1, decoding),
+            backend_products.int8_rows_by_rows(row, embeddings, decoding),  # our int8 logits' form
+            backend_products.int8_product(x, kernel, 1, decoding),  # 5 rows: as they are
         ]
 
     compiled = CompiledFunction(products, keras.layers.Dense(1), input_ranks=(2,), jit_compile=True)
@@ -329,10 +329,10 @@ def test_a_greedy_search_at_batch_1_under_xla_multiplies_no_single_int8_row(int8
     source = np.array([[17, 25, 40, 9, tokenizer.eos_id]], "int32")
     limits = np.array([12], "int32")
 
-    def search(source_ids, limit):
+    def search(source_ids, limit, decoding=None):
         return search_translations(
             int8, source_ids, limit, beam_size=1, alpha=0.6, max_extra_length=7,
-            bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
+            bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, decoding=decoding,
         )
 
     compiled = CompiledFunction(search, int8, input_ranks=(2, 1), jit_compile=True)

@@ -73,16 +73,16 @@ def test_a_compiled_search_pairs_its_steps_under_xla_for_a_large_cache(model, to
     assert kt.decoding.cache_lengths(source_ids.shape[1] + 6) is not None  # the premise
     decide, decisions = steps_module.search_steps_per_iteration, []
 
-    def deciding(*args):
-        decisions.append(decide(*args))
+    def deciding(*args, **kwargs):
+        decisions.append(decide(*args, **kwargs))
         return decisions[-1]
 
-    def search(source, limit):
+    def search(source, limit, decoding):
         with monkeypatch.context() as patch:
             patch.setattr(steps_module, "search_steps_per_iteration", deciding)
             return search_translations(
                 model, source, limit, beam_size=3, alpha=0.6, max_extra_length=6,
-                bos_id=tokenizer.bos_id, eos_id=eos_id,
+                bos_id=tokenizer.bos_id, eos_id=eos_id, decoding=decoding,
             )  # fmt: skip
 
     eos_id = tokenizer.eos_id if ending == "eos" else -1

@@ -24,7 +24,7 @@ import warnings
 import keras
 from keras import ops
 
-from keras_transformer.backend import state
+from keras_transformer.backend.options import memoized
 
 _large_negatives = {}
 _refusals = []  # why cuDNN refused, once warned
@@ -47,9 +47,10 @@ def flash_attention():
     return False if keras.backend.backend() == "jax" else None
 
 
-def dot_product_attention(query, key, value, mask, scale):
+def dot_product_attention(query, key, value, mask, scale, decoding=None):
     """Attention of `[B, T, N, H]` queries over `[B, S, N, H]` keys and
-    values, with a boolean mask `[B or 1, T, S]` (True: attend) or None."""
+    values, with a boolean mask `[B or 1, T, S]` (True: attend) or None;
+    `decoding`, the `DecodingOptions` of a decoding call, or None."""
     if keras.backend.backend() == "torch" and _fits_torch(query, key, value, mask):
         attended = _torch_attention(
             query.transpose(1, 2),  # [B, N, T, H] views of [B, T, N, H]
@@ -57,6 +58,7 @@ def dot_product_attention(query, key, value, mask, scale):
             value.transpose(1, 2),
             mask,
             scale,
+            decoding,
         )
         return attended.transpose(1, 2)
     if keras.backend.backend() == "jax" and jax_implementation(query, key) == "cudnn":
@@ -73,7 +75,7 @@ def dot_product_attention(query, key, value, mask, scale):
     )
 
 
-def zero_where_no_key(attended, mask):
+def zero_where_no_key(attended, mask, decoding=None):
     """`attended` `[B, T, N, H]`, zero for each query that `mask` `[B or 1,
     T, S]` lets attend to no key. Under torch with torch tensors, the same
     operations as torch's, without Keras's conversions around each."""
@@ -81,8 +83,8 @@ def zero_where_no_key(attended, mask):
         import torch
 
         if type(attended) is torch.Tensor and type(mask) is torch.Tensor:
-            attends = state.memoized(
-                ("attends", attended.dtype), (mask,), lambda: mask.any(-1)[:, :, None, None].to(attended.dtype)
+            attends = memoized(
+                decoding, ("attends", attended.dtype), (mask,), lambda: mask.any(-1)[:, :, None, None].to(attended.dtype)
             )
             return attended * attends
     attends = ops.any(mask, axis=-1)[:, :, None, None]  # [B, T, 1, 1]
@@ -157,11 +159,11 @@ def _cudnn_attention(query, key, value, mask, scale):
         return None
 
 
-def attend_to_cache(query, key, value, mask, scale):
+def attend_to_cache(query, key, value, mask, scale, decoding=None):
     """Attention of `[B, T, N, H]` queries over a `[B, N, S, H]` cache in
     torch's fused attention, while decoding float32 under torch; None
     elsewhere, where the caller writes the softmax out."""
-    if not (state.decoding() and keras.backend.backend() == "torch"):
+    if decoding is None or keras.backend.backend() != "torch":
         return None
     import torch
 
@@ -176,6 +178,7 @@ def attend_to_cache(query, key, value, mask, scale):
         value,
         mask,
         scale,
+        decoding,
     )
     return attended.transpose(1, 2)  # [B, T, N, H]
 
@@ -191,7 +194,7 @@ def _fits_torch(query, key, value, mask, heads_axis=2):
     )
 
 
-def _torch_attention(query, key, value, mask, scale):
+def _torch_attention(query, key, value, mask, scale, decoding):
     """torch's fused attention of `[B, N, T, H]` queries and `[B, N, S, H]`
     keys and values, the boolean mask `[B or 1, T, S]` made additive with
     Keras's stand-in for -inf (-0.7 times the dtype's largest finite
@@ -199,7 +202,7 @@ def _torch_attention(query, key, value, mask, scale):
     import torch
 
     if mask is not None:
-        mask = state.memoized(("additive", query.dtype, query.device), (mask,), lambda: _additive(mask, query))
+        mask = memoized(decoding, ("additive", query.dtype, query.device), (mask,), lambda: _additive(mask, query))
     return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
 
 

@@ -21,12 +21,11 @@ import warnings
 import keras
 import numpy as np
 
-from keras_transformer.backend import state
 
 
-def while_loop(cond, body, loop_vars, maximum_iterations=None):
-    """`keras.ops.while_loop(cond, body, loop_vars, maximum_iterations)`."""
-    loops = state.loops()
+def while_loop(cond, body, loop_vars, maximum_iterations=None, loops=None):
+    """`keras.ops.while_loop(cond, body, loop_vars, maximum_iterations)`,
+    recorded and replayed by `loops` (a `TracedLoops`) where given."""
     if loops is None:
         return keras.ops.while_loop(cond, body, loop_vars, maximum_iterations=maximum_iterations)
     is_tuple = isinstance(loop_vars, (tuple, list))

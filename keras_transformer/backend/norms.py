@@ -1,5 +1,6 @@
 """Keras's layer normalization and bias addition in torch's direct calls
-(steps and decoding, `layers/calls.py`), without Keras's dispatch of each op.
+(a decoding call's `DecodingOptions.direct`, `layers/calls.py`), without
+Keras's dispatch of each op.
 
 Under torch a step waits on the host, and each `keras.ops` call costs about
 20 microseconds of conversions and dtype rules around the torch function; a
@@ -11,11 +12,9 @@ for inputs these do not cover, each returns None and the caller runs Keras's.
 
 import keras
 
-from keras_transformer.backend import state
 
-
-def _direct_torch(*tensors):
-    if not (state.direct() and keras.backend.backend() == "torch"):
+def _direct_torch(decoding, *tensors):
+    if not (decoding is not None and decoding.direct and keras.backend.backend() == "torch"):
         return False
     import torch
 
@@ -23,11 +22,11 @@ def _direct_torch(*tensors):
     return all(type(tensor) in (torch.Tensor, torch.nn.Parameter) for tensor in tensors)
 
 
-def layer_norm(layer, inputs):
+def layer_norm(layer, inputs, decoding):
     """`keras.layers.LayerNormalization` `layer` on `inputs`, over the last
     axis, as Keras's torch backend computes it: in float32 at least, cast
     back to the inputs' dtype, then to the layer's compute dtype."""
-    if not _direct_torch(inputs) or layer.rms_scaling or list(layer.axis) not in ([-1], [inputs.ndim - 1]):
+    if not _direct_torch(decoding, inputs) or layer.rms_scaling or list(layer.axis) not in ([-1], [inputs.ndim - 1]):
         return None
     import torch
 
@@ -46,11 +45,11 @@ def _as(tensor, dtype):
     return tensor if tensor.dtype == dtype else tensor.to(dtype)
 
 
-def add_bias(x, bias):
+def add_bias(x, bias, decoding):
     """`keras.ops.add(x, bias)` where both have one dtype."""
-    if not _direct_torch(x):
+    if not _direct_torch(decoding, x):
         return None
     value = bias.value if isinstance(bias, keras.Variable) else bias
-    if not _direct_torch(value) or x.dtype != value.dtype:
+    if not _direct_torch(decoding, value) or x.dtype != value.dtype:
         return None
     return x + value

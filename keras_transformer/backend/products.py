@@ -31,7 +31,6 @@ import keras
 from keras import ops
 
 from keras_transformer import environment
-from keras_transformer.backend import state
 
 # Below this many multiply-adds, and for one row unless the product is much
 # wider than deep (the logits of a single sentence), `torch.matmul` is as
@@ -216,11 +215,12 @@ def _kernel_value(kernel):
     return kernel.value if isinstance(kernel, keras.Variable) else kernel
 
 
-def matmul(x, kernel):
-    """x `[..., K]` times kernel `[K, N]` (a layer's input and kernel)."""
+def matmul(x, kernel, decoding=None):
+    """x `[..., K]` times kernel `[K, N]` (a layer's input and kernel);
+    `decoding`, the `DecodingOptions` of a decoding call, or None."""
     if keras.backend.backend() == "torch" and _torch_tensor(x) and x.is_floating_point() and x.ndim >= 2:
         kernel = _kernel_value(kernel)
-        if state.decoding():
+        if decoding is not None:
             matrices = as_matrices(x, kernel, 1)
             if matrices is not None:
                 rows, matrix, shape = matrices
@@ -232,7 +232,7 @@ def matmul(x, kernel):
     return ops.matmul(x, kernel)
 
 
-def float32_matmul(x, kernel):
+def float32_matmul(x, kernel, decoding=None):
     """x `[..., K]` times kernel `[K, N]`, in float32 whatever their dtype.
 
     Under JAX a 16-bit product is accumulated and written in float32
@@ -244,7 +244,7 @@ def float32_matmul(x, kernel):
     """
     if keras.backend.backend() == "jax" and ops.dtype(x) != "float32" and ops.dtype(x) == ops.dtype(kernel):
         return _jax_float32_matmul()(x, kernel)
-    return ops.cast(matmul(x, kernel), "float32")
+    return ops.cast(matmul(x, kernel, decoding), "float32")
 
 
 @functools.cache
@@ -271,13 +271,13 @@ def _jax_float32_matmul():
     return product
 
 
-def einsum(equation, x, kernel):
+def einsum(equation, x, kernel, decoding=None):
     """`keras.ops.einsum(equation, x, kernel)` of a layer's input and kernel."""
     if keras.backend.backend() == "torch" and _torch_tensor(x) and x.is_floating_point():
         contracted = matrix_product_form(equation)
         if contracted is not None:
             kernel = _kernel_value(kernel)
-            if state.decoding():
+            if decoding is not None:
                 matrices = as_matrices(x, kernel, contracted)
                 if matrices is not None:
                     rows, matrix, shape = matrices
@@ -289,7 +289,7 @@ def einsum(equation, x, kernel):
     return ops.einsum(equation, x, kernel)
 
 
-def biased_product(x, kernel, bias, contracted=1):
+def biased_product(x, kernel, bias, contracted=1, decoding=None):
     """Under torch: float x `[..., K...]` times kernel `[K..., N...]` plus
     `bias` `[N...]`, as one operation whose product adds the bias (`addmm`;
     while decoding, `matrix_product`): on a GPU one kernel fewer, where a
@@ -312,14 +312,14 @@ def biased_product(x, kernel, bias, contracted=1):
         return None
     rows, matrix, shape = matrices
     bias = bias if bias.ndim == 1 else bias.reshape(-1)
-    if state.decoding():
+    if decoding is not None:
         return _shaped(matrix_product(rows, matrix, bias), shape)
     if pays(rows, matrix):
         return None  # oneDNN's product with gradients (`_product`) takes no bias
     return _shaped(torch.addmm(bias, rows, matrix), shape)
 
 
-def int8_product(x, kernel, contracted):
+def int8_product(x, kernel, contracted, decoding=None):
     """int8 x `[..., K...]` times int8 kernel `[K..., N...]` (its last
     `contracted` axes against the kernel's first), as int32 sums."""
     kernel = _kernel_value(kernel)
@@ -338,11 +338,13 @@ def int8_product(x, kernel, contracted):
             except RuntimeError:  # shapes torch's int8 GEMM refuses
                 pass
     depth = math.prod(depth_shape)
-    if state.float_int8():
+    float_int8 = decoding is not None and decoding.float_int8
+    xla = decoding is not None and decoding.xla
+    if float_int8:
         rows = ops.reshape(ops.cast(x, "float32"), (-1, depth))
         matrix = ops.reshape(ops.cast(kernel, "float32"), (depth, -1))
         return ops.reshape(ops.cast(ops.matmul(rows, matrix), "int32"), leading + output_shape)
-    if state.compiled_by_xla() and None not in static_leading and math.prod(static_leading) == 1:
+    if xla and None not in static_leading and math.prod(static_leading) == 1:
         matrix = ops.reshape(kernel, (depth, -1))
         sums = _paired(ops.reshape(x, (1, depth)), lambda rows: ops.matmul(rows, matrix))
         return ops.reshape(sums, leading + output_shape)
@@ -352,7 +354,7 @@ def int8_product(x, kernel, contracted):
     return ops.reshape(ops.matmul(rows, ops.reshape(kernel, (depth, -1))), leading + output_shape)
 
 
-def int8_rows_by_rows(x, table):
+def int8_rows_by_rows(x, table, decoding=None):
     """int8 rows x `[M, K]` times the int8 rows of `table` `[N, K]`
     (`td,vd->tv`: our int8 embedding's logits), as int32 sums."""
     table = _kernel_value(table)
@@ -364,9 +366,9 @@ def int8_rows_by_rows(x, table):
             return torch._int_mm(x, table.t())
         except RuntimeError:
             pass
-    if state.float_int8():
+    if decoding is not None and decoding.float_int8:
         return ops.cast(ops.matmul(ops.cast(x, "float32"), ops.transpose(ops.cast(table, "float32"))), "int32")
-    if not state.compiled_by_xla():
+    if decoding is None or not decoding.xla:
         return ops.einsum("td,vd->tv", x, table)
     if backend == "tensorflow":
         # As M one-row products by the transposed table, as Keras's `matmul`

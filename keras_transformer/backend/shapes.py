@@ -30,7 +30,7 @@ the host's launches. In torch's direct calls, they are torch's own gather.
 import keras
 from keras import ops
 
-from keras_transformer.backend import state
+from keras_transformer.backend.options import memoized
 
 
 def shape(x):
@@ -56,9 +56,10 @@ def reshape(x, shape):
     return ops.reshape(x, shape)
 
 
-def slice_update(inputs, start_indices, updates):
-    """`keras.ops.slice_update(inputs, start_indices, updates)`."""
-    if state.decoding() and keras.backend.backend() == "torch":
+def slice_update(inputs, start_indices, updates, decoding=None):
+    """`keras.ops.slice_update(inputs, start_indices, updates)`; under
+    `decoding` (a `DecodingOptions`) in a search's step, in place."""
+    if decoding is not None and keras.backend.backend() == "torch":
         import torch
 
         if (
@@ -69,12 +70,12 @@ def slice_update(inputs, start_indices, updates):
         ):
             # A search's own cache is written in place (a copy of every
             # layer's cache a step, otherwise).
-            in_place = state.writes_in_place() and inputs.is_contiguous()  # not a broadcast view
+            in_place = decoding.step is not None and inputs.is_contiguous()  # not a broadcast view
             outputs = inputs if in_place else inputs.clone()
             block, positions = outputs, None
             for dim, (start, length) in enumerate(zip(start_indices, updates.shape)):
                 if positions is None and not isinstance(start, int):
-                    positions = dim, _positions(start, length, inputs.device)
+                    positions = dim, _positions(start, length, inputs.device, decoding)
                 else:
                     block = block.narrow(dim, start, length)
             if positions is None:
@@ -85,9 +86,9 @@ def slice_update(inputs, start_indices, updates):
     return ops.slice_update(inputs, start_indices, updates)
 
 
-def slice(inputs, start_indices, shape):  # noqa: A001 - keras.ops.slice's name
+def slice(inputs, start_indices, shape, decoding=None):  # noqa: A001 - keras.ops.slice's name
     """`keras.ops.slice(inputs, start_indices, shape)`."""
-    if state.decoding() and keras.backend.backend() == "torch":
+    if decoding is not None and keras.backend.backend() == "torch":
         import torch
 
         if (
@@ -102,14 +103,14 @@ def slice(inputs, start_indices, shape):  # noqa: A001 - keras.ops.slice's name
                 if isinstance(start, int):
                     outputs = outputs.narrow(dim, start, length)
                 else:
-                    outputs = outputs.index_select(dim, _positions(start, length, inputs.device))
+                    outputs = outputs.index_select(dim, _positions(start, length, inputs.device, decoding))
             return outputs
     return ops.slice(inputs, start_indices, shape)
 
 
-def take_rows(x, rows):
+def take_rows(x, rows, decoding=None):
     """`keras.ops.take(x, rows, axis=0)` for int `rows`, none negative."""
-    if state.direct() and keras.backend.backend() == "torch":
+    if decoding is not None and decoding.direct and keras.backend.backend() == "torch":
         import torch
 
         if isinstance(x, keras.Variable):
@@ -122,10 +123,10 @@ def take_rows(x, rows):
     return ops.take(x, rows, axis=0)
 
 
-def take_along_axis(x, indices, axis):
+def take_along_axis(x, indices, axis, decoding=None):
     """`keras.ops.take_along_axis(x, indices, axis)` for int `indices`, none
     negative."""
-    if state.direct() and keras.backend.backend() == "torch":
+    if decoding is not None and decoding.direct and keras.backend.backend() == "torch":
         import torch
 
         if type(x) is torch.Tensor and type(indices) is torch.Tensor:
@@ -133,7 +134,7 @@ def take_along_axis(x, indices, axis):
     return ops.take_along_axis(x, indices, axis=axis)
 
 
-def _positions(start, length, device):
+def _positions(start, length, device, decoding):
     """`start .. start + length - 1` for a tensor `start`, on `device`,
     without reading `start` back to the host."""
     import torch
@@ -144,7 +145,7 @@ def _positions(start, length, device):
         return start.to(device=device, dtype=torch.int64).reshape(1) + torch.arange(length, device=device)
 
     # The blocks of a decoding step write their caches at the same positions.
-    return state.memoized(("positions", length, device), (start,), positions)
+    return memoized(decoding, ("positions", length, device), (start,), positions)
 
 
 def _is_integer(value):

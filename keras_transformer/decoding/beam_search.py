@@ -22,7 +22,6 @@ import keras
 from keras import ops
 
 from keras_transformer.backend import shapes
-from keras_transformer.backend.state import search_step
 from keras_transformer.decoding.search_loop import check_state_lengths
 from keras_transformer.decoding.search_loop import top_k
 from keras_transformer.decoding.search_loop import while_in_phases
@@ -81,6 +80,7 @@ def beam_search(
     grow_state=None,
     steps_per_iteration=1,
     penalty="gnmt",
+    decoding=None,
 ):
     """The `beam_size` best translations of each sentence, best first.
 
@@ -136,6 +136,10 @@ def beam_search(
             second pass over every cached key and value. With two steps an
             iteration the second step writes into the buffer the first
             step read, and the copy is gone (`while_in_phases`).
+        penalty: the length penalty's form, "gnmt" or "power".
+        decoding: the `backend.options.DecodingOptions` of the compiled
+            function the search runs in (its loops, its direct calls), or
+            None.
 
     Returns:
         `(ids, scores)`: int32 `[batch, beam_size, max_length]`, the
@@ -177,7 +181,7 @@ def beam_search(
         """x[b, beam_indices[b, j]] for `x` of `[B, K_old, ...]`."""
         flat_indices = beam_indices + first_rows[shapes.shape(x)[1]]
         flat = ops.reshape(x, (-1,) + tuple(ops.shape(x)[2:]))
-        gathered = shapes.take_rows(flat, ops.reshape(flat_indices, (-1,)))
+        gathered = shapes.take_rows(flat, ops.reshape(flat_indices, (-1,)), decoding)
         return ops.reshape(
             gathered, (batch_size, ops.shape(beam_indices)[1]) + tuple(ops.shape(x)[2:])
         )
@@ -233,8 +237,7 @@ def beam_search(
         index = search["index"]
         alive_ids = search["alive_ids"]
         flat_ids = ops.reshape(alive_ids, (-1, max_length + 1))  # [B * K, L + 1]
-        with search_step():  # the state is the search's alone
-            logits, new_state = step_fn(flat_ids, index, search["state"])
+        logits, new_state = step_fn(flat_ids, index, search["state"])
         logits = ops.cast(logits, "float32")
         vocabulary_size = ops.shape(logits)[-1]
         # log softmax = logits - logsumexp(logits), with the logsumexp
@@ -270,7 +273,7 @@ def beam_search(
             ops.where(ends, NEG_INF, top_log_probs), beam_size
         )
         new_alive_ids = gather_beams(top_ids, alive_choice)
-        origin = shapes.take_along_axis(top_beams, alive_choice, axis=1)  # [B, K]
+        origin = shapes.take_along_axis(top_beams, alive_choice, axis=1, decoding=decoding)  # [B, K]
         state_rows = ops.reshape(origin + first_rows[beam_size], (-1,))
 
         # Finished: the old set and the ending extensions among the first K.
@@ -298,14 +301,16 @@ def beam_search(
                 ops.concatenate([search["finished_flags"], new_flags], axis=1),
                 finished_choice,
                 axis=1,
+                decoding=decoding,
             ),
             "state": keras.tree.map_structure(
-                lambda x: shapes.take_rows(x, state_rows), new_state
+                lambda x: shapes.take_rows(x, state_rows, decoding), new_state
             ),
         }
 
     search = while_in_phases(
-        condition, body, initial, state_lengths, grow_state, steps_per_iteration, max_length
+        condition, body, initial, state_lengths, grow_state, steps_per_iteration, max_length,
+        loops=None if decoding is None else decoding.loops,
     )
 
     # Finished hypotheses first (they are sorted and come before the empty
@@ -338,6 +343,7 @@ def beam_search(
         ops.concatenate([search["finished_scores"], alive_scores], axis=1),
         choice,
         axis=1,
+        decoding=decoding,
     )
     return ids[:, :, 1:], scores
 
@@ -352,6 +358,7 @@ def greedy_search(
     sentence_max_length=None,
     state_lengths=None,
     grow_state=None,
+    decoding=None,
 ):
     """The most likely next token at every step, until EOS.
 
@@ -367,6 +374,7 @@ def greedy_search(
             limit (at most `max_length`).
         state_lengths, grow_state: a state that grows in phases, as in
             `beam_search`.
+        decoding: as in `beam_search`.
 
     Returns:
         `(ids, scores)`: int32 `[batch, max_length]`, the generated tokens
@@ -402,8 +410,7 @@ def greedy_search(
 
     def body(search):
         index, ids, finished = search["index"], search["ids"], search["finished"]
-        with search_step():  # the state is the search's alone
-            logits, state = step_fn(ids, index, search["state"])
+        logits, state = step_fn(ids, index, search["state"])
         logits = ops.cast(logits, "float32")
         # The best token is the first that reaches the largest logit: two
         # plain reductions, which XLA vectorizes better than its argmax.
@@ -436,5 +443,8 @@ def greedy_search(
             "state": state,
         }
 
-    search = while_in_phases(condition, body, initial, state_lengths, grow_state)
+    search = while_in_phases(
+        condition, body, initial, state_lengths, grow_state,
+        loops=None if decoding is None else decoding.loops,
+    )
     return search["ids"][:, 1:], search["log_prob"]

@@ -6,15 +6,17 @@ which compiles each shape anyway, it is traced once per shape. Under JAX it
 becomes a `jax.jit` function of the model's weights and its inputs, so it
 is compiled once per input shape and the weights are not baked in as
 constants. Under torch it runs eagerly, without autograd; our layers call
-each other's `call` directly and the search's loops are traced once per
-shapes and replayed (`backend.state`, `backend.loops`).
+each other's `call` directly and the search's loops are recorded once per
+shapes and replayed (`backend.loops`). How it computes on its backend is
+one `backend.options.DecodingOptions`, which the function is given as its
+`decoding` argument and passes on.
 """
 
 import keras
 import numpy as np
 
 from keras_transformer.backend import loops as backend_loops
-from keras_transformer.backend import state
+from keras_transformer.backend.options import DecodingOptions
 from keras_transformer.layers.utils import sublayers
 
 
@@ -22,8 +24,9 @@ class CompiledFunction:
     """`fn(*inputs)` of a model, compiled for the current backend.
 
     Args:
-        fn: a function of int32 tensors that calls `model`'s layers and
-            returns a nest of tensors.
+        fn: `fn(*inputs, decoding)`, a function of int32 tensors and a
+            `DecodingOptions` that calls `model`'s layers and returns a
+            nest of tensors.
         model: the model whose weights `fn` reads.
         input_ranks: the rank of each input, for TensorFlow's shape-generic
             signature (without XLA).
@@ -37,8 +40,8 @@ class CompiledFunction:
 
     Call it with NumPy arrays; it returns NumPy arrays. `traces` counts how
     often `fn` was traced: once per call under torch, which runs eagerly.
-    `loops` is the `TracedLoops` of a torch function whose loops are
-    traced, else None.
+    `decoding` is the `DecodingOptions` given to `fn`; `loops`, its
+    `TracedLoops` under torch where loops are recorded, else None.
     """
 
     def __init__(self, fn, model, input_ranks, jit_compile=False, direct_layer_calls=True, trace_loops=True):
@@ -53,16 +56,16 @@ class CompiledFunction:
             if jit_compile:
                 # Traced once per shape, the function sees static shapes,
                 # and the search's caches can grow in phases.
-                self._scope = dict(xla=True)
+                self.decoding = DecodingOptions(xla=True)
                 self._call = tf.function(self._traced, jit_compile=True, reduce_retracing=False)
             else:
-                self._scope = dict(float_int8=True)
+                self.decoding = DecodingOptions(float_int8=True)
                 signature = [tf.TensorSpec([None] * rank, tf.int32) for rank in input_ranks]
                 self._call = tf.function(self._traced, input_signature=signature)
         elif backend == "jax":
             import jax
 
-            self._scope = dict(xla=True)
+            self.decoding = DecodingOptions(xla=True)
 
             def stateless(values, *inputs):
                 mapping = list(zip(model.variables, values))
@@ -76,7 +79,7 @@ class CompiledFunction:
 
             direct = direct_layer_calls and _has_one_dtype(model)
             self.loops = backend_loops.TracedLoops(model) if direct and trace_loops else None
-            self._scope = dict(direct=direct, loops=self.loops)
+            self.decoding = DecodingOptions(direct=direct, loops=self.loops)
 
             def eager(*inputs):
                 with torch.no_grad():
@@ -91,8 +94,7 @@ class CompiledFunction:
 
     def _traced(self, *inputs):
         self.traces += 1
-        with state.decoding_call(**self._scope):
-            return self.fn(*inputs)
+        return self.fn(*inputs, decoding=self.decoding)
 
     def __call__(self, *inputs):
         inputs = [keras.ops.convert_to_tensor(np.asarray(x, "int32")) for x in inputs]

@@ -71,7 +71,7 @@ def check_state_lengths(state_lengths, grow_state, max_length):
 
 
 def while_in_phases(
-    condition, body, search, state_lengths, grow_state, steps_per_iteration=1, max_length=None
+    condition, body, search, state_lengths, grow_state, steps_per_iteration=1, max_length=None, loops=None
 ):
     """`keras.ops.while_loop(condition, body, search)`, run in phases over a state
     that grows.
@@ -100,9 +100,11 @@ def while_in_phases(
         grow_state: `grow_state(state, length)`.
         steps_per_iteration: n, an int.
         max_length: the most steps (an int), with `steps_per_iteration`.
+        loops: under torch, the `backend.loops.TracedLoops` that records
+            and replays the loops, or None.
     """
     if state_lengths is None and steps_per_iteration == 1:
-        return while_loop(condition, body, search)
+        return while_loop(condition, body, search, loops=loops)
 
     def repeated(search):
         for _ in range(steps_per_iteration):
@@ -123,8 +125,8 @@ def while_in_phases(
             )
 
         if steps_per_iteration > 1:
-            search = while_loop(fits(steps_per_iteration), repeated, search)
+            search = while_loop(fits(steps_per_iteration), repeated, search, loops=loops)
         if steps_per_iteration == 1 or (end - start) % steps_per_iteration:
-            search = while_loop(fits(1), body, search)  # the steps left
+            search = while_loop(fits(1), body, search, loops=loops)  # the steps left
         start = length
     return search

@@ -10,7 +10,6 @@ import numpy as np
 from keras import ops
 
 from keras_transformer.backend import shapes
-from keras_transformer.backend import state
 from keras_transformer.decoding.beam_search import beam_search
 from keras_transformer.decoding.beam_search import greedy_search
 from keras_transformer.models.config import POSITION_TABLES
@@ -21,7 +20,7 @@ from keras_transformer.models.config import POSITION_TABLES
 FIRST_CACHE_LENGTH = 16
 
 
-def cached_step_function(model, source_ids, max_length, cache_length=None):
+def cached_step_function(model, source_ids, max_length, cache_length=None, decoding=None):
     """The model's step function for `beam_search` and `greedy_search`.
 
     The encoder runs once, here, and so do the target position encodings.
@@ -36,15 +35,18 @@ def cached_step_function(model, source_ids, max_length, cache_length=None):
         source_ids: int `[B, S]`, each sentence followed by EOS, then 0s.
         max_length: the most target positions decoded.
         cache_length: the buffers' first length; `max_length` by default.
+        decoding: the `backend.options.DecodingOptions` of the compiled
+            function this runs in, or None.
 
     Returns:
         `(step_fn, initial_state)`. `step_fn(ids, index, state)` feeds
         `ids[:, index]` to `Transformer.decode_step` and returns the logits
-        of position `index + 1` and the updated buffers.
+        of position `index + 1` and the updated buffers. The state given
+        is the search's alone: a step may write it in place.
     """
-    encoder_output, encoder_padding_mask = model.encode(source_ids)
+    encoder_output, encoder_padding_mask = model.encode(source_ids, decoding=decoding)
     cache = model.initial_cache(
-        encoder_output, max_length if cache_length is None else cache_length
+        encoder_output, max_length if cache_length is None else cache_length, decoding=decoding
     )
     # One copy per sentence: the decoder blocks attend to it with the
     # queries of the sentence's beams side by side.
@@ -52,7 +54,8 @@ def cached_step_function(model, source_ids, max_length, cache_length=None):
     position_table = model.target_position_table(max_length)
 
     def step_fn(ids, index, self_attention_cache):
-        target_ids = shapes.slice(ids, [0, index], [shapes.shape(ids)[0], 1])
+        step = None if decoding is None else decoding.for_step()
+        target_ids = shapes.slice(ids, [0, index], [shapes.shape(ids)[0], 1], decoding=step)
         logits, updated = model.decode_step(
             target_ids,
             [
@@ -62,13 +65,14 @@ def cached_step_function(model, source_ids, max_length, cache_length=None):
             index,
             encoder_padding_mask,
             position_table,
+            decoding=step,
         )
         return logits[:, 0], [block["self_attention"] for block in updated]
 
     return step_fn, [block["self_attention"] for block in cache]
 
 
-def growing_step_function(model, source_ids, max_length):
+def growing_step_function(model, source_ids, max_length, decoding=None):
     """`cached_step_function` with self-attention buffers that grow with the
     output, for `beam_search` and `greedy_search`.
 
@@ -79,7 +83,7 @@ def growing_step_function(model, source_ids, max_length):
     """
     lengths = cache_lengths(max_length)
     step_fn, initial_state = cached_step_function(
-        model, source_ids, max_length, None if lengths is None else lengths[0]
+        model, source_ids, max_length, None if lengths is None else lengths[0], decoding
     )
     return step_fn, initial_state, {"state_lengths": lengths, "grow_state": grow_cache}
 
@@ -123,6 +127,7 @@ def search_translations(
     bos_id,
     eos_id,
     length_penalty="gnmt",
+    decoding=None,
 ):
     """Beam search (greedy search for a beam of 1) with the cached decoder.
 
@@ -136,6 +141,8 @@ def search_translations(
         bos_id: the first target token.
         eos_id: the token that ends a translation.
         length_penalty: the penalty's form, "gnmt" or "power".
+        decoding: the `backend.options.DecodingOptions` of the compiled
+            function this runs in, or None.
 
     Returns:
         `(ids [B, beam_size, S + max_extra_length], scores [B, beam_size])`,
@@ -150,7 +157,7 @@ def search_translations(
             max_length = ops.minimum(max_length, model.max_length)
     # The self-attention buffers grow with the output, so that attending to
     # them and reordering them costs what the output so far needs.
-    step_fn, initial_state, growing = growing_step_function(model, source_ids, max_length)
+    step_fn, initial_state, growing = growing_step_function(model, source_ids, max_length, decoding)
     initial_ids = ops.full((ops.shape(source_ids)[0],), bos_id, dtype="int32")
     if beam_size == 1:
         ids, scores = greedy_search(
@@ -160,6 +167,7 @@ def search_translations(
             max_length=max_length,
             eos_id=eos_id,
             sentence_max_length=sentence_max_length,
+            decoding=decoding,
             **growing,
         )
         return ids[:, None], scores[:, None]
@@ -173,7 +181,10 @@ def search_translations(
         eos_id=eos_id,
         sentence_max_length=sentence_max_length,
         penalty=length_penalty,
-        steps_per_iteration=search_steps_per_iteration(initial_state, beam_size, max_length),
+        steps_per_iteration=search_steps_per_iteration(
+            initial_state, beam_size, max_length, xla=decoding is not None and decoding.xla
+        ),
+        decoding=decoding,
         **growing,
     )
 
@@ -183,7 +194,7 @@ def search_translations(
 PAIRED_STEPS_CACHE_BYTES = 16 * 2**20
 
 
-def search_steps_per_iteration(self_attention_cache, beam_size, max_length):
+def search_steps_per_iteration(self_attention_cache, beam_size, max_length, xla=False):
     """`beam_search`'s `steps_per_iteration` for a search over
     `self_attention_cache` (`cached_step_function`'s buffers, `[B, ...]`).
 
@@ -191,10 +202,10 @@ def search_steps_per_iteration(self_attention_cache, beam_size, max_length):
     XLA copies back into the loop's: a second pass over every cached key
     and value. Two steps an iteration spare that copy, and double the loop
     bodies that XLA compiles, which pays for large caches only. So a search pairs its
-    steps when compiled by XLA and when its cache, at `max_length`
+    steps when compiled by XLA (`xla`) and when its cache, at `max_length`
     positions for every beam, holds at least `PAIRED_STEPS_CACHE_BYTES`.
     """
-    if not state.compiled_by_xla() or not isinstance(max_length, int):
+    if not xla or not isinstance(max_length, int):
         return 1
     total = 0
     for buffer in keras.tree.flatten(self_attention_cache):

@@ -1,29 +1,31 @@
-"""Direct calls of our layers in torch's decoding calls and steps."""
+"""Direct calls of our layers in torch's decoding calls."""
 
 import functools
 import inspect
 
-from keras_transformer.backend import state
-
 
 class DirectCalls:
-    """A layer that, built and called inside a torch decoding call or a
-    torch train, test or predict step (`backend.state.direct()`), runs its
-    `call` (its `quantized_call` if quantized) without `Layer.__call__`.
+    """A layer that takes a `decoding` argument (a
+    `backend.options.DecodingOptions`, or None) and, built and called with
+    options whose `direct` is set (torch's decoding calls), runs its `call`
+    (its `quantized_call` if quantized) without `Layer.__call__`.
 
-    Under torch nothing compiles a step, and `Layer.__call__`'s argument
-    binding, mask walk, `training` resolution and scopes cost more than a
-    small model's arithmetic: on a GPU the step waits on them. Our layers
-    need none of it: they pass `training` and their masks to their
-    sublayers explicitly, and the model's own call opens the dtype policy's
-    autocast for all of them. Everywhere else the call is Keras's.
+    Under torch nothing compiles a decoding step, and `Layer.__call__`'s
+    argument binding, mask walk, `training` resolution and scopes cost more
+    than a small model's arithmetic: on a GPU the step waits on them. Our
+    layers need none of it: they pass `training`, their masks and
+    `decoding` to their sublayers explicitly, and the model's own call
+    opens the dtype policy's autocast for all of them. `decoding` reaches
+    `call` where `call` takes it. Everywhere else the call is Keras's.
     """
 
-    def __call__(self, *args, **kwargs):
-        if state.direct() and self.built:
+    def __call__(self, *args, decoding=None, **kwargs):
+        accepted = _call_arguments(type(self))
+        if decoding is not None and (accepted is None or "decoding" in accepted):
+            kwargs["decoding"] = decoding
+        if decoding is not None and decoding.direct and self.built:
             # Keras's Functional passes `training` and `mask` to every layer,
             # and `Layer.__call__` drops what `call` does not take.
-            accepted = _call_arguments(type(self))
             if accepted is not None and not kwargs.keys() <= accepted:
                 kwargs = {name: value for name, value in kwargs.items() if name in accepted}
             if self.quantization_mode is not None:

@@ -47,6 +47,7 @@ class TransformerDecoderBlock(TransformerBlock):
         return_cross_attention_scores: also return the encoder-decoder
             attention weights, `[B, num_heads, T, S]`.
         training: whether dropout is active.
+        decoding: the `backend.options.DecodingOptions` of a compiled decoding call, or None.
 
     Returns:
         `[B, T, d_model]`; then the cross-attention weights if asked for;
@@ -73,9 +74,9 @@ class TransformerDecoderBlock(TransformerBlock):
         self.feed_forward_dropout = self._dropout("feed_forward_dropout")
         self.built = True
 
-    def compute_cross_attention_cache(self, encoder_output):
+    def compute_cross_attention_cache(self, encoder_output, decoding=None):
         """The encoder's keys and values, computed once per sentence."""
-        return self.cross_attention.compute_key_value(encoder_output)
+        return self.cross_attention.compute_key_value(encoder_output, decoding=decoding)
 
     def call(
         self,
@@ -88,6 +89,7 @@ class TransformerDecoderBlock(TransformerBlock):
         cross_attention_cache=None,
         return_cross_attention_scores=False,
         training=None,
+        decoding=None,
     ):
         if encoder_output is None and cross_attention_cache is None:
             raise ValueError(
@@ -107,6 +109,7 @@ class TransformerDecoderBlock(TransformerBlock):
                     value_mask=decoder_padding_mask,
                     use_causal_mask=True,
                     training=training,
+                    decoding=decoding,
                 )
             x, updated_cache = self.self_attention(
                 x,
@@ -115,6 +118,7 @@ class TransformerDecoderBlock(TransformerBlock):
                 cache=self_attention_cache,
                 cache_update_index=self_attention_cache_update_index,
                 training=training,
+                decoding=decoding,
             )
             return x
 
@@ -130,6 +134,7 @@ class TransformerDecoderBlock(TransformerBlock):
                 return_attention_scores=return_cross_attention_scores,
                 cache=cross_attention_cache,
                 training=training,
+                decoding=decoding,
             )
             if not isinstance(outputs, tuple):
                 outputs = (outputs,)
@@ -144,6 +149,9 @@ class TransformerDecoderBlock(TransformerBlock):
                     )
             return attended
 
+        def feed_forward(x):
+            return self.feed_forward(x, decoding=decoding)
+
         x = inputs
         for sublayer, norm, dropout in (
             (
@@ -156,10 +164,10 @@ class TransformerDecoderBlock(TransformerBlock):
                 self.cross_attention_norm,
                 self.cross_attention_dropout,
             ),
-            (self.feed_forward, self.feed_forward_norm, self.feed_forward_dropout),
+            (feed_forward, self.feed_forward_norm, self.feed_forward_dropout),
         ):
             x = sublayer_connection(
-                x, sublayer, norm, dropout, self.normalize_first, training
+                x, sublayer, norm, dropout, self.normalize_first, training, decoding
             )
         outputs = (x,)
         if return_cross_attention_scores:

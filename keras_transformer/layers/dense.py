@@ -16,7 +16,6 @@ from keras import ops
 
 from keras_transformer.backend import norms
 from keras_transformer.backend import products
-from keras_transformer.backend import state
 from keras_transformer.layers.calls import DirectCalls
 
 
@@ -26,23 +25,23 @@ class _ProductLayer(DirectCalls):
         # is all they change.
         super().quantize(mode, type_check=False, config=config)
 
-    def quantized_call(self, inputs, training=None):
+    def quantized_call(self, inputs, training=None, decoding=None):
         if (
             self.quantization_mode == "int8"
-            and state.decoding()
+            and decoding is not None
             and not self.lora_enabled
             and getattr(self, "inputs_quantizer", None) is not None
         ):
             contracted = self._contracted_axes()
             if contracted is not None:
-                return self._finish(self._int8_product(inputs, contracted))
+                return self._finish(self._int8_product(inputs, contracted, decoding), decoding=decoding)
         return super().quantized_call(inputs, training=training)
 
-    def _int8_product(self, inputs, contracted):
+    def _int8_product(self, inputs, contracted, decoding):
         rank = len(inputs.shape)
         axis = -1 if contracted == 1 else tuple(range(rank - contracted, rank))
         quantized, inputs_scale = self.inputs_quantizer(inputs, axis=axis)
-        sums = products.int8_product(quantized, self.kernel, contracted)
+        sums = products.int8_product(quantized, self.kernel, contracted, decoding)
         # The input's scale `[..., 1...]`, against the output's axes.
         output_axes = len(self.kernel.shape) - contracted
         inputs_scale = ops.reshape(
@@ -52,9 +51,9 @@ class _ProductLayer(DirectCalls):
             ops.cast(sums, self.compute_dtype), self._output_scale(inputs_scale)
         )
 
-    def _finish(self, x, bias_added=False):
+    def _finish(self, x, bias_added=False, decoding=None):
         if self.bias is not None and not bias_added:
-            biased = norms.add_bias(x, self.bias)
+            biased = norms.add_bias(x, self.bias, decoding)
             x = ops.add(x, self.bias) if biased is None else biased
         if self.activation is not None:
             x = self.activation(x)
@@ -64,11 +63,11 @@ class _ProductLayer(DirectCalls):
 class Dense(_ProductLayer, keras.layers.Dense):
     """`keras.layers.Dense`: y = activation(x W + b)."""
 
-    def call(self, inputs, training=None):
-        biased = products.biased_product(inputs, self.kernel, self.bias)
+    def call(self, inputs, training=None, decoding=None):
+        biased = products.biased_product(inputs, self.kernel, self.bias, decoding=decoding)
         if biased is not None:
-            return self._finish(biased, bias_added=True)
-        return self._finish(products.matmul(inputs, self.kernel))
+            return self._finish(biased, bias_added=True, decoding=decoding)
+        return self._finish(products.matmul(inputs, self.kernel, decoding), decoding=decoding)
 
     def _contracted_axes(self):
         return 1
@@ -80,12 +79,12 @@ class Dense(_ProductLayer, keras.layers.Dense):
 class EinsumDense(_ProductLayer, keras.layers.EinsumDense):
     """`keras.layers.EinsumDense`: y = activation(einsum(x, W) + b)."""
 
-    def call(self, inputs, training=None):
+    def call(self, inputs, training=None, decoding=None):
         contracted = products.matrix_product_form(self.equation)
-        biased = contracted and products.biased_product(inputs, self.kernel, self.bias, contracted)
+        biased = contracted and products.biased_product(inputs, self.kernel, self.bias, contracted, decoding)
         if biased is not None:
-            return self._finish(biased, bias_added=True)
-        return self._finish(products.einsum(self.equation, inputs, self.kernel))
+            return self._finish(biased, bias_added=True, decoding=decoding)
+        return self._finish(products.einsum(self.equation, inputs, self.kernel, decoding), decoding=decoding)
 
     def _contracted_axes(self):
         return products.matrix_product_form(self.equation)
@@ -95,9 +94,9 @@ class EinsumDense(_ProductLayer, keras.layers.EinsumDense):
 
 
 class LayerNormalization(DirectCalls, keras.layers.LayerNormalization):
-    """`keras.layers.LayerNormalization`, called directly while decoding and
-    in torch steps (`backend/norms.py`)."""
+    """`keras.layers.LayerNormalization`, called directly while decoding
+    (`backend/norms.py`)."""
 
-    def call(self, inputs):
-        normalized = norms.layer_norm(self, inputs)
+    def call(self, inputs, decoding=None):
+        normalized = norms.layer_norm(self, inputs, decoding)
         return super().call(inputs) if normalized is None else normalized

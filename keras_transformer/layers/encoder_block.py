@@ -20,6 +20,7 @@ class TransformerEncoderBlock(TransformerBlock):
             are never attended to, so they do not change the other outputs.
         attention_mask: boolean `[B, S, S]`, merged with `padding_mask`.
         training: whether dropout is active.
+        decoding: the `backend.options.DecodingOptions` of a compiled decoding call, or None.
 
     Returns:
         `[B, S, d_model]`.
@@ -39,7 +40,7 @@ class TransformerEncoderBlock(TransformerBlock):
         self.built = True
 
     def call(
-        self, inputs, padding_mask=None, attention_mask=None, training=None
+        self, inputs, padding_mask=None, attention_mask=None, training=None, decoding=None
     ):
         def self_attention(x):
             return self.self_attention(
@@ -48,7 +49,11 @@ class TransformerEncoderBlock(TransformerBlock):
                 value_mask=padding_mask,
                 attention_mask=attention_mask,
                 training=training,
+                decoding=decoding,
             )
+
+        def feed_forward(x):
+            return self.feed_forward(x, decoding=decoding)
 
         x = sublayer_connection(
             inputs,
@@ -57,14 +62,16 @@ class TransformerEncoderBlock(TransformerBlock):
             self.self_attention_dropout,
             self.normalize_first,
             training,
+            decoding,
         )
         return sublayer_connection(
             x,
-            self.feed_forward,
+            feed_forward,
             self.feed_forward_norm,
             self.feed_forward_dropout,
             self.normalize_first,
             training,
+            decoding,
         )
 
     def compute_output_shape(self, inputs_shape):

@@ -23,6 +23,7 @@ class PositionwiseFeedForward(DirectCalls, keras.layers.Layer):
 
     Call arguments:
         inputs: `[B, T, d_model]`.
+        decoding: the `backend.options.DecodingOptions` of a compiled decoding call, or None.
 
     Returns:
         `[B, T, d_model]`.
@@ -64,8 +65,8 @@ class PositionwiseFeedForward(DirectCalls, keras.layers.Layer):
         self.outer_dense.build(tuple(inputs_shape[:-1]) + (self.d_ff,))
         self.built = True
 
-    def call(self, inputs):
-        return self.outer_dense(self.inner_dense(inputs))
+    def call(self, inputs, decoding=None):
+        return self.outer_dense(self.inner_dense(inputs, decoding=decoding), decoding=decoding)
 
     def compute_output_shape(self, inputs_shape):
         return inputs_shape

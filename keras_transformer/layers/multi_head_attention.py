@@ -9,7 +9,7 @@ from keras_transformer.backend import attention
 from keras_transformer.backend import norms
 from keras_transformer.backend import products
 from keras_transformer.backend import shapes
-from keras_transformer.backend import state
+from keras_transformer.backend.options import memoized
 from keras_transformer.backend.shapes import reshape
 from keras_transformer.backend.shapes import slice_update
 from keras_transformer.layers.calls import DirectCalls
@@ -36,17 +36,17 @@ class _ConcatenatedHeadsDense(EinsumDense):
         # is all they change; the quantized call is EinsumDense's.
         super().quantize(mode, type_check=False, config=config)
 
-    def call(self, inputs, training=None):
+    def call(self, inputs, training=None, decoding=None):
         kernel = self.kernel
         num_heads, head_dim, d_model = kernel.shape
         concatenated = reshape(inputs, (-1, num_heads * head_dim))
         kernel = reshape(kernel, (num_heads * head_dim, d_model))
-        biased = products.biased_product(concatenated, kernel, self.bias)
+        biased = products.biased_product(concatenated, kernel, self.bias, decoding=decoding)
         if biased is not None:
             return biased
-        x = products.matmul(concatenated, kernel)
+        x = products.matmul(concatenated, kernel, decoding)
         if self.bias is not None:
-            biased = norms.add_bias(x, self.bias)
+            biased = norms.add_bias(x, self.bias, decoding)
             x = ops.add(x, self.bias) if biased is None else biased
         return x
 
@@ -125,6 +125,7 @@ class MultiHeadAttention(DirectCalls, keras.layers.Layer):
             written into it at that position (self-attention). Without, it is
             used as it is (cross-attention).
         cache_update_index: the position of the first query in the cache.
+        decoding: the `backend.options.DecodingOptions` of a compiled decoding call, or None.
 
     Returns:
         `[B, T, d_model]`, then the attention weights if
@@ -234,7 +235,7 @@ class MultiHeadAttention(DirectCalls, keras.layers.Layer):
         )
         self.built = True
 
-    def compute_key_value(self, value, key=None):
+    def compute_key_value(self, value, key=None, decoding=None):
         """Projects `key` and `value` once, for use as a cross-attention cache.
 
         Returns:
@@ -242,19 +243,19 @@ class MultiHeadAttention(DirectCalls, keras.layers.Layer):
         """
         return tuple(
             ops.transpose(heads, (0, 2, 1, 3))
-            for heads in self._project_key_value(value, key)
+            for heads in self._project_key_value(value, key, decoding)
         )
 
-    def _project_key_value(self, value, key=None):
+    def _project_key_value(self, value, key=None, decoding=None):
         """`(key, value)` heads, each `[B, S, num_heads, head_dim]`."""
         key = value if key is None else key
         return (
-            self._per_token(self.key_dense, key),
-            self._per_token(self.value_dense, value),
+            self._per_token(self.key_dense, key, decoding),
+            self._per_token(self.value_dense, value, decoding),
         )
 
     @staticmethod
-    def _per_token(projection, x):
+    def _per_token(projection, x, decoding=None):
         """`projection` of every token of x `[B, T, ...]`, as one matrix product.
 
         The B sentences' tokens are stacked into one `[B * T, ...]` matrix,
@@ -264,7 +265,7 @@ class MultiHeadAttention(DirectCalls, keras.layers.Layer):
         fifth of the time of a base-size training step on a CPU.)
         """
         batch_and_length = tuple(shapes.shape(x)[:2])
-        projected = projection(reshape(x, (-1,) + tuple(x.shape[2:])))
+        projected = projection(reshape(x, (-1,) + tuple(x.shape[2:])), decoding=decoding)
         return reshape(projected, batch_and_length + tuple(projected.shape[1:]))
 
     def call(
@@ -281,21 +282,22 @@ class MultiHeadAttention(DirectCalls, keras.layers.Layer):
         training=None,
         cache=None,
         cache_update_index=None,
+        decoding=None,
     ):
         # Keras masks carried by the inputs (the `_keras_mask` attribute of
         # the Keras masking guide) are merged into the attention mask below.
         # The projections see `[B * T, d]` reshapes, which carry no mask, so
         # they do not warn that they drop one.
-        query_heads = self._per_token(self.query_dense, query)  # [B, T, N, H]
+        query_heads = self._per_token(self.query_dense, query, decoding)  # [B, T, N, H]
         if cache is None:
-            key_heads, value_heads = self._project_key_value(value, key)  # [B, S, N, H]
+            key_heads, value_heads = self._project_key_value(value, key, decoding)  # [B, S, N, H]
         elif cache_update_index is None:
             key_heads, value_heads = cache  # [B, N, S, H], computed once
         else:
             start = [0, 0, cache_update_index, 0]
             key_heads, value_heads = (
-                slice_update(cached, start, new)
-                for cached, new in zip(cache, self.compute_key_value(value, key))
+                slice_update(cached, start, new, decoding)
+                for cached, new in zip(cache, self.compute_key_value(value, key, decoding))
             )
             cache = (key_heads, value_heads)
         heads_major = cache is not None
@@ -310,10 +312,10 @@ class MultiHeadAttention(DirectCalls, keras.layers.Layer):
             use_causal_mask=use_causal_mask,
             cache_update_index=cache_update_index,
         )
-        # The layers of a stack get the same masks: in a torch step, they
-        # are merged once a step (`state.memoized`).
-        mask = state.memoized(
-            ("attention_mask", self.window), tuple(masks.values()), lambda: self._compute_attention_mask(**masks)
+        # The layers of a stack get the same masks: in a torch search's
+        # step, they are merged once a step (`DecodingOptions.step`).
+        mask = memoized(
+            decoding, ("attention_mask", self.window), tuple(masks.values()), lambda: self._compute_attention_mask(**masks)
         )
         attention_dropout_active = bool(training) and self.dropout > 0
         # JAX's fused attention takes values of the keys' head size only.
@@ -324,16 +326,16 @@ class MultiHeadAttention(DirectCalls, keras.layers.Layer):
                 query_heads, key_heads, value_heads, mask, training, heads_major
             )
         elif heads_major:
-            attended = self._attend_to_cache(query_heads, key_heads, value_heads, mask)
+            attended = self._attend_to_cache(query_heads, key_heads, value_heads, mask, decoding)
         else:
             attended = attention.dot_product_attention(
-                query_heads, key_heads, value_heads, mask, self._inverse_sqrt_key_dim
+                query_heads, key_heads, value_heads, mask, self._inverse_sqrt_key_dim, decoding
             )
         if mask is not None:
             # A query that may attend to no key (a padded query) attends to
             # nothing, instead of to every key uniformly.
-            attended = attention.zero_where_no_key(attended, mask)
-        output = self._per_token(self.output_dense, attended)  # [B, T, d_model]
+            attended = attention.zero_where_no_key(attended, mask, decoding)
+        output = self._per_token(self.output_dense, attended, decoding)  # [B, T, d_model]
 
         outputs = (output,)
         if return_attention_scores:
@@ -342,11 +344,11 @@ class MultiHeadAttention(DirectCalls, keras.layers.Layer):
             outputs += (cache,)
         return outputs[0] if len(outputs) == 1 else outputs
 
-    def _attend_to_cache(self, query, key, value, mask):
+    def _attend_to_cache(self, query, key, value, mask, decoding):
         """Attention of `[B, T, N, H]` queries over a `[B, N, S, H]` cache,
         at inference: torch's fused attention where it takes this layout
         (`backend.attention`), else written out."""
-        attended = attention.attend_to_cache(query, key, value, mask, self._inverse_sqrt_key_dim)
+        attended = attention.attend_to_cache(query, key, value, mask, self._inverse_sqrt_key_dim, decoding)
         if attended is None:
             attended = self._softmax_attention(query, key, value, mask, False, heads_major=True)[0]
         return attended

@@ -73,17 +73,17 @@ class TokenEmbedding(DirectCalls, keras.layers.Layer):
             )
         self.built = True
 
-    def call(self, inputs, reverse=False, float32=False):
+    def call(self, inputs, reverse=False, float32=False, decoding=None):
         if reverse:
             kernel = ops.transpose(ops.cast(self.embeddings, self.compute_dtype))
             if float32:
-                return products.float32_matmul(inputs, kernel)
-            return products.matmul(inputs, kernel)
+                return products.float32_matmul(inputs, kernel, decoding)
+            return products.matmul(inputs, kernel, decoding)
         # Rows looked up in E's own dtype, then cast: the gradient of a
         # token's row then sums in float32 under mixed precision. Summed in
         # bfloat16, a frequent token's stalls (256 + 1 == 256), and on a GPU
         # the 16-bit scatter of a batch's ~25,000 rows took 20% of a base step.
-        return self._scaled(ops.cast(shapes.take_rows(self.embeddings, inputs), self.compute_dtype))
+        return self._scaled(ops.cast(shapes.take_rows(self.embeddings, inputs, decoding), self.compute_dtype))
 
     def _scaled(self, embedded):
         return embedded * ops.cast(math.sqrt(self.d_model), embedded.dtype)
@@ -138,13 +138,13 @@ class TokenEmbedding(DirectCalls, keras.layers.Layer):
         )
         self._is_quantized = True
 
-    def _int8_call(self, inputs, reverse=False, float32=False):
+    def _int8_call(self, inputs, reverse=False, float32=False, decoding=None):
         if reverse:
             states, states_scale = self._states_quantizer(inputs)
             # Each state row against each int8 row of E (rows by rows):
             # under XLA, faster than states times E transposed.
             rows = ops.reshape(states, (-1, self.d_model))
-            sums = products.int8_rows_by_rows(rows, self.embeddings)  # int32
+            sums = products.int8_rows_by_rows(rows, self.embeddings, decoding)  # int32
             sums = ops.reshape(sums, tuple(ops.shape(states)[:-1]) + (self.vocabulary_size,))
             logits = ops.divide(
                 ops.cast(sums, self.compute_dtype),
@@ -155,7 +155,7 @@ class TokenEmbedding(DirectCalls, keras.layers.Layer):
         scale = ops.take(self.embeddings_scale, inputs, axis=0)[..., None]
         return self._scaled(ops.divide(ops.cast(rows, self.compute_dtype), scale))
 
-    def compute_output_spec(self, inputs, reverse=False, float32=False):
+    def compute_output_spec(self, inputs, reverse=False, float32=False, decoding=None):
         if reverse:
             shape = tuple(inputs.shape[:-1]) + (self.vocabulary_size,)
         else:

@@ -12,15 +12,17 @@ def clone_initializer(initializer):
     return keras.initializers.get(keras.initializers.serialize(initializer))
 
 
-def sublayer_connection(inputs, sublayer, norm, dropout, normalize_first, training):
+def sublayer_connection(inputs, sublayer, norm, dropout, normalize_first, training, decoding=None):
     """The residual connection around one sub-layer (sections 3.1 and 5.4).
 
     Post-LN, the paper's form:  LayerNorm(x + Dropout(Sublayer(x))).
     Pre-LN, the option:         x + Dropout(Sublayer(LayerNorm(x))).
+
+    `sublayer(x)` is called as it is; `norm` and `dropout` get `decoding`.
     """
     if normalize_first:
-        return inputs + dropout(sublayer(norm(inputs)), training=training)
-    return norm(inputs + dropout(sublayer(inputs), training=training))
+        return inputs + dropout(sublayer(norm(inputs, decoding=decoding)), training=training, decoding=decoding)
+    return norm(inputs + dropout(sublayer(inputs), training=training, decoding=decoding), decoding=decoding)
 
 
 def sublayers(layer):

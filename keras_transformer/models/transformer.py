@@ -7,7 +7,6 @@ import numpy as np
 from keras import ops
 
 from keras_transformer.backend import shapes
-from keras_transformer.backend import state
 from keras_transformer.checks import TokenIdCheck
 from keras_transformer.checks import check_model_inputs
 from keras_transformer.layers import Dropout, LearnedPositionEmbedding, LogitsBias, SinusoidalPositionEncoding
@@ -186,10 +185,6 @@ class Transformer(CheckedData, keras.Model):
     def call(self, inputs, training=None, mask=None, **kwargs):
         # JAX's trainer runs `stateless_call`, which calls `call` directly.
         inputs = check_model_inputs(inputs, self.vocabulary_size)
-        if state.direct():
-            # Our layers called as the graph would call them, without
-            # walking the Functional graph (layers/calls.py says why).
-            return self._forward(inputs, training=training)
         return super().call(inputs, training=training, mask=mask, **kwargs)
 
     def _forward(self, inputs, training=None):
@@ -203,9 +198,9 @@ class Transformer(CheckedData, keras.Model):
         target_ids = self.target_id_check(inputs["target_ids"])
         return self._logits(self._decode(target_ids, encoder_output, encoder_padding_mask, training))
 
-    def _decode(self, target_ids, encoder_output, encoder_padding_mask, training=None):
+    def _decode(self, target_ids, encoder_output, encoder_padding_mask, training=None, decoding=None):
         """The decoder stack's states `[B, T, d_model]` over all of `target_ids`."""
-        x = self.target_dropout(self._embed_target(target_ids), training=training)
+        x = self.target_dropout(self._embed_target(target_ids, decoding=decoding), training=training, decoding=decoding)
         decoder_padding_mask = ops.not_equal(target_ids, PADDING_ID)
         for block in self.decoder_blocks:
             x = block(
@@ -214,6 +209,7 @@ class Transformer(CheckedData, keras.Model):
                 decoder_padding_mask=decoder_padding_mask,
                 encoder_padding_mask=encoder_padding_mask,
                 training=training,
+                decoding=decoding,
             )
         return x
 
@@ -225,19 +221,19 @@ class Transformer(CheckedData, keras.Model):
             return object.__setattr__(self, name, value)
         return super().__setattr__(name, value)
 
-    def _embed_source(self, source_ids):
+    def _embed_source(self, source_ids, decoding=None):
         """E[ids] * sqrt(d_model) + PE, section 3.5."""
-        x = self.source_embedding(source_ids)
-        return x + self.source_position_encoding(x)
+        x = self.source_embedding(source_ids, decoding=decoding)
+        return x + self.source_position_encoding(x, decoding=decoding)
 
-    def _embed_target(self, target_ids, start_index=0, position_table=None):
+    def _embed_target(self, target_ids, start_index=0, position_table=None, decoding=None):
         """E[ids] * sqrt(d_model) + PE, from position `start_index` on; PE
         read from `position_table` when given."""
-        x = self.target_embedding(target_ids)
+        x = self.target_embedding(target_ids, decoding=decoding)
         if position_table is None:
-            return x + self.target_position_encoding(x, start_index=start_index)
+            return x + self.target_position_encoding(x, start_index=start_index, decoding=decoding)
         length = ops.shape(target_ids)[1]
-        return x + shapes.slice(position_table, [start_index, 0], [length, self.d_model])[None]
+        return x + shapes.slice(position_table, [start_index, 0], [length, self.d_model], decoding)[None]
 
     def target_position_table(self, max_length):
         """The target position encodings of positions `0 .. max_length - 1`,
@@ -245,37 +241,39 @@ class Transformer(CheckedData, keras.Model):
         positions = ops.zeros((1, max_length, self.d_model), dtype=self.compute_dtype)
         return self.target_position_encoding(positions)[0]
 
-    def _encode(self, source_ids, training=None):
+    def _encode(self, source_ids, training=None, decoding=None):
         encoder_padding_mask = ops.not_equal(source_ids, PADDING_ID)
-        x = self._embed_source(source_ids)
-        x = self.source_dropout(x, training=training)
+        x = self._embed_source(source_ids, decoding)
+        x = self.source_dropout(x, training=training, decoding=decoding)
         for block in self.encoder_blocks:
-            x = block(x, padding_mask=encoder_padding_mask, training=training)
+            x = block(x, padding_mask=encoder_padding_mask, training=training, decoding=decoding)
         if self.encoder_norm is not None:
-            x = self.encoder_norm(x)
+            x = self.encoder_norm(x, decoding=decoding)
         return x, encoder_padding_mask
 
-    def _logits(self, x):
+    def _logits(self, x, decoding=None):
         if self.decoder_norm is not None:
-            x = self.decoder_norm(x)
+            x = self.decoder_norm(x, decoding=decoding)
         # float32 logits keep the softmax and the loss exact under mixed
         # precision.
-        logits = self.output_projection(x, reverse=True, float32=True)
-        return logits if self.logits_bias is None else self.logits_bias(logits)
+        logits = self.output_projection(x, reverse=True, float32=True, decoding=decoding)
+        return logits if self.logits_bias is None else self.logits_bias(logits, decoding=decoding)
 
-    def encode(self, source_ids, training=False):
+    def encode(self, source_ids, training=False, decoding=None):
         """Runs the encoder stack alone.
 
         Args:
             source_ids: int `[B, S]`, 0 at padding.
             training: whether dropout is active.
+            decoding: the `backend.options.DecodingOptions` of the
+                decoding call this runs in, or None (`decode_step` too).
 
         Returns:
             `(encoder_output [B, S, d_model], encoder_padding_mask [B, S])`.
         """
-        return self._encode(self.source_id_check(source_ids), training=training)
+        return self._encode(self.source_id_check(source_ids, decoding=decoding), training=training, decoding=decoding)
 
-    def initial_cache(self, encoder_output, max_length):
+    def initial_cache(self, encoder_output, max_length, decoding=None):
         """The decoding cache before the first target position.
 
         Self-attention keys and values start as zeros, in buffers of
@@ -314,13 +312,13 @@ class Transformer(CheckedData, keras.Model):
             {
                 "self_attention": (empty(key_dim), empty(value_dim)),
                 "cross_attention": block.compute_cross_attention_cache(
-                    encoder_output
+                    encoder_output, decoding=decoding
                 ),
             }
             for block in self.decoder_blocks
         ]
 
-    def decode_step(self, target_ids, cache, index, encoder_padding_mask, position_table=None):
+    def decode_step(self, target_ids, cache, index, encoder_padding_mask, position_table=None, decoding=None):
         """Logits for target positions `index, index + 1, ...`, from the cache.
 
         The prefix is not recomputed: the self-attention of each block reads
@@ -341,6 +339,8 @@ class Transformer(CheckedData, keras.Model):
                 first block's projections of a single row, recomputing it
                 for every output: greedy search at batch 1 ran slower than
                 beam search.)
+            decoding: as for `encode`; in a search's step under direct calls
+                (`DecodingOptions.step`) the search's own buffers are written in place.
 
         A beam search may decode K beams per sentence, `target_ids` of
         `[B * K, t]` (row `b * K + k` is beam k of sentence b), with
@@ -352,7 +352,7 @@ class Transformer(CheckedData, keras.Model):
             `(logits [B, t, vocabulary_size], cache)`.
         """
         _check_cache_index(index, target_ids, cache)
-        x = self._embed_target(target_ids, start_index=index, position_table=position_table)
+        x = self._embed_target(target_ids, start_index=index, position_table=position_table, decoding=decoding)
         updated_cache = []
         for block, block_cache in zip(self.decoder_blocks, cache):
             x, self_attention_cache = block(
@@ -362,6 +362,7 @@ class Transformer(CheckedData, keras.Model):
                 self_attention_cache_update_index=index,
                 cross_attention_cache=block_cache["cross_attention"],
                 training=False,
+                decoding=decoding,
             )
             updated_cache.append(
                 {
@@ -369,7 +370,7 @@ class Transformer(CheckedData, keras.Model):
                     "cross_attention": block_cache["cross_attention"],
                 }
             )
-        return self._logits(x), updated_cache
+        return self._logits(x, decoding), updated_cache
 
     def cross_attention_weights(self, source_ids, target_ids):
         """The encoder-decoder attention weights of every decoder block.

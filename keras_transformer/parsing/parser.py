@@ -136,9 +136,9 @@ class Parser:
         self.batch_size = batch_size
         self._search = CompiledFunction(self._search_batch, model, input_ranks=(2, 1, 1))
 
-    def _search_batch(self, source_ids, word_counts, limits):
+    def _search_batch(self, source_ids, word_counts, limits, decoding=None):
         max_length = ops.shape(source_ids)[1] + self.max_extra_length + 3
-        step_fn, initial_state, growing = growing_step_function(self.model, source_ids, max_length)
+        step_fn, initial_state, growing = growing_step_function(self.model, source_ids, max_length, decoding)
         per_row = ops.repeat(word_counts, self.beam_size, axis=0)
         copied = self.vocabulary.target_words == "copied"
         step_fn = well_formed_steps(
@@ -149,7 +149,7 @@ class Parser:
         ids, _ = beam_search(
             step_fn, initial_ids, initial_state, beam_size=self.beam_size, alpha=self.alpha,
             max_length=max_length, eos_id=self.vocabulary.eos_id, sentence_max_length=limits,
-            **growing,
+            decoding=decoding, **growing,
         )  # fmt: skip
         return ids[:, 0]
 
