@@ -39,10 +39,12 @@ def digest(preset, beam_size):
     keras.utils.set_random_seed(0)
     model = kt.build_transformer(preset, vocabulary_size=8000)
 
-    def search(source, limit, decoding):
+    # `**options`: the `decoding` argument, which a revision from before it
+    # existed does not pass (before_after.py --programs runs this on both).
+    def search(source, limit, **options):
         return search_translations(
             model, source, limit, beam_size=beam_size, alpha=0.6, max_extra_length=19, bos_id=2, eos_id=-1,
-            decoding=decoding,
+            **options,
         )
 
     backend = keras.backend.backend()
