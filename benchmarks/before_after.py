@@ -116,7 +116,6 @@ def main():
             print("| backend | search, batch 32 | program | size (HLO lines, or operations) |\n| --- | --- | --- | ---: |")
             programs({"before": before, "after": HERE}, args.backends)
         return
-    best = {}  # (backend, cell, tree) -> best figure
     per_round = {}  # (backend, cell, tree) -> figure of each round
     with worktree(args.before) as before:
         trees = {"before": before, "after": HERE}
@@ -130,10 +129,9 @@ def main():
                     if not args.no_training:
                         figures["train small float32"] = training(trees[name], backend, args.train_steps, args.train_rounds)
                     for cell, value in figures.items():
-                        key = (backend, cell, name)
-                        best[key] = max(best.get(key, 0.0), value)
-                        per_round.setdefault(key, []).append(value)
+                        per_round.setdefault((backend, cell, name), []).append(value)
                     print(f"{backend} round {round_number + 1} {name}: {figures}", flush=True)
+    best = {key: max(values) for key, values in per_round.items()}
     lines = [
         "| backend | measure | before (best) | after (best) | after / before | rounds' after / before (median) |",
         "| --- | --- | ---: | ---: | ---: | ---: |",

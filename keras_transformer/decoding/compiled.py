@@ -48,7 +48,6 @@ class CompiledFunction:
         self.fn = fn
         self.model = model
         self.traces = 0
-        self.loops = None
         backend = keras.backend.backend()
         if backend == "tensorflow":
             import tensorflow as tf
@@ -78,8 +77,8 @@ class CompiledFunction:
             import torch
 
             direct = direct_layer_calls and _has_one_dtype(model)
-            self.loops = backend_loops.TracedLoops(model) if direct and trace_loops else None
-            self.decoding = DecodingOptions(direct=direct, loops=self.loops)
+            loops = backend_loops.TracedLoops(model) if direct and trace_loops else None
+            self.decoding = DecodingOptions(direct=direct, loops=loops)
 
             def eager(*inputs):
                 with torch.no_grad():
@@ -91,6 +90,10 @@ class CompiledFunction:
                 "Decoding runs under the tensorflow, jax and torch backends. "
                 f"Received: KERAS_BACKEND={backend!r}"
             )
+
+    @property
+    def loops(self):
+        return self.decoding.loops
 
     def _traced(self, *inputs):
         self.traces += 1

@@ -20,10 +20,12 @@ class DirectCalls:
     """
 
     def __call__(self, *args, decoding=None, **kwargs):
+        if decoding is None:  # Keras's training, inference and functional calls
+            return super().__call__(*args, **kwargs)
         accepted = _call_arguments(type(self))
-        if decoding is not None and (accepted is None or "decoding" in accepted):
+        if accepted is None or "decoding" in accepted:
             kwargs["decoding"] = decoding
-        if decoding is not None and decoding.direct and self.built:
+        if decoding.direct and self.built:
             # Keras's Functional passes `training` and `mask` to every layer,
             # and `Layer.__call__` drops what `call` does not take.
             if accepted is not None and not kwargs.keys() <= accepted:
