@@ -26,6 +26,11 @@ does (about 25,000 padded tokens a side per batch, as in the paper;
   that many steps per call of the train function and reads the logs once;
 - `ours_xla_attention` (asked for by name, JAX): ours with XLA's attention
   where a GPU would run cuDNN's fused kernel, to measure one against the other;
+- `ours_other_products` (asked for by name, torch on a CPU): ours with
+  the float32 products the package's rule does not pick on this CPU
+  (`keras_transformer/backend/products.py`): torch's own `matmul` where it
+  picks oneDNN's, oneDNN's where it picks torch's, to show what the rule
+  buys;
 - `ours_jit` (asked for by name): ours compiled with `jit_compile=True`,
   which is `torch.compile` of the train step under torch and XLA under
   TensorFlow (JAX always compiles with XLA), beside `ours` with
@@ -592,6 +597,8 @@ def build_contenders(args, size, batches, skipped):
         from keras_transformer.backend import attention
 
         keras_contender("ours_xla_attention", lambda: our_model(size, dtype), context=attention.xla_attention)
+    if "ours_other_products" in args.contenders:
+        keras_contender("ours_other_products", lambda: our_model(size, dtype), context=other_products)
     if "keras_hub" in args.contenders:
         keras_hub, reason = optional_import("keras_hub")
         if keras_hub is None:
@@ -607,6 +614,21 @@ def build_contenders(args, size, batches, skipped):
             contender = TorchContender(size, args.precision, batches)
             built.append((contender, time.perf_counter() - start))
     return built
+
+
+@contextlib.contextmanager
+def other_products():
+    """While inside, our float32 products through the library the package's
+    rule (`products.onednn_preferred`) does not pick on this CPU."""
+    from keras_transformer.backend import products
+
+    preferred = products.onednn_preferred
+    flipped = not preferred()
+    products.onednn_preferred = lambda: flipped
+    try:
+        yield
+    finally:
+        products.onednn_preferred = preferred
 
 
 @contextlib.contextmanager
@@ -734,7 +756,8 @@ def run(args):
         if bfloat16_peak is not None:
             result["mfu_of_bfloat16_peak"] = flops / turn_seconds / bfloat16_peak
     ratios = {}
-    for other in ("ours_jit", "ours_steps_per_execution", "ours_xla_attention", "keras_hub", "torch"):
+    others = ("ours_jit", "ours_steps_per_execution", "ours_xla_attention", "ours_other_products", "keras_hub", "torch")
+    for other in others:
         if other in results:
             ratios[f"ours/{other}"] = (
                 results["ours"]["target_tokens_per_second"]
@@ -883,7 +906,8 @@ def main():
     parser.add_argument("--settle", type=float, default=1.0,
                         help="idle seconds before each turn")
     parser.add_argument("--contenders", nargs="*", default=["keras_hub", "torch"],
-                        choices=["ours_jit", "ours_steps_per_execution", "ours_xla_attention", "keras_hub", "torch"],
+                        choices=["ours_jit", "ours_steps_per_execution", "ours_xla_attention", "ours_other_products",
+                                 "keras_hub", "torch"],
                         help="besides ours")
     parser.add_argument("--steps-per-execution", type=int, default=8,
                         help="ours_steps_per_execution's (Keras's compile argument); divides --steps")

@@ -74,6 +74,17 @@ def test_ours_jit_runs_beside_ours_with_jit_compile_set_apart(tmp_path):
     assert "jit_compile=False" in result.stdout and "| ours_jit" in result.stdout
 
 
+@in_one_pass("torch", "the contender's switch of our torch products")
+def test_ours_other_products_take_the_library_the_rule_does_not_pick():
+    from keras_transformer.backend import products
+
+    benchmark = load_benchmark()
+    chosen = products.onednn_preferred()
+    with benchmark.other_products():
+        assert products.onednn_preferred() is (not chosen)
+    assert products.onednn_preferred() is chosen
+
+
 def benchmark_flops(shape):
     return load_benchmark().matmul_flops(**shape)
 

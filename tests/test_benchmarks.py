@@ -195,6 +195,25 @@ def test_torch_cpu_products_compare_both_at_each_shape(tmp_path):
     assert f"the package multiplies with {report['package_uses']} here" in stdout
 
 
+def test_torch_paths_decode_with_each_path_switched_off_in_turn(tmp_path):
+    out = tmp_path / "paths.json"
+    stdout = run_benchmark(
+        "torch_paths.py", "--presets", "tiny", "--batch-size", "2", "--source-length", "3",
+        "--output-length", "8", "--vocabulary-size", "50", "--rounds", "2", "--json", str(out),
+    )
+    report = json.loads(out.read_text())
+    for search in ("greedy", "beam 4"):
+        rows = report["presets"]["tiny"][search]
+        assert list(rows) == ["all", "no direct calls", "no recorded loops", "other products", "none (Keras eager)"]
+        for row in rows.values():
+            assert len(row["seconds"]) == 2 and row["sentences_per_second"] > 0
+            ratios = [a / b for a, b in zip(rows["all"]["seconds"], row["seconds"])]
+            assert row["over_all"] == pytest.approx(sum(ratios) / 2)
+        assert rows["all"]["over_all"] == 1.0
+    assert report["products"] in ("oneDNN's", "torch's matmul") and report["products"] in stdout
+    assert "tiny  beam 4  no recorded loops" in stdout
+
+
 def test_gpu_decoding_times_ours_and_transformers_on_the_same_steps(tmp_path):
     """The GPU script's smoke run, on the CPU where there is no GPU."""
     out = tmp_path / "gpu.json"
