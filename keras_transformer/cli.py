@@ -27,8 +27,8 @@ import os
 import sys
 import warnings
 
-from keras_transformer.data.corpus import decode_lines
 from keras_transformer.data.corpus import read_lines
+from keras_transformer.decoding.streaming import WINDOW_LINES
 from keras_transformer.files import CannotWrite
 from keras_transformer.files import write_atomically
 from keras_transformer.models.config import ModelConfig
@@ -61,12 +61,6 @@ def _load_translator(args):
     return Translator.load(args.model_dir, **overrides)
 
 
-def _read_input(path):
-    if path in (None, "-"):
-        return decode_lines(sys.stdin.buffer.read(), "<stdin>")
-    return read_lines(path)
-
-
 def _write_lines(lines, path):
     # A translation never spans lines, so the output stays line-aligned.
     text = "".join(line.replace("\n", " ").replace("\r", " ") + "\n" for line in lines)
@@ -97,9 +91,20 @@ def _check_writable(path):
 
 
 def translate(args):
+    from keras_transformer.decoding import streaming
+
+    shard = None if args.shard is None else streaming.parse_shard(args.shard)
+    if shard is not None and args.input in (None, "-"):
+        raise ValueError("--shard splits a file by its line count; give it with --input, not on stdin.")
     _check_writable(args.output)
     translator = _load_translator(args)
-    _write_lines(translator.translate(_read_input(args.input)), args.output)
+    model_file = os.path.join(args.model_dir, "model.keras")
+    # A rerun continues an interrupted output only with this same model.
+    settings = dict(translator.get_config(), model=[os.path.realpath(model_file), os.stat(model_file).st_mtime_ns])
+    progress = streaming.Progress() if args.progress or sys.stderr.isatty() else None
+    streaming.translate_file(
+        translator, args.input, args.output, window=args.window, shard=shard, progress=progress, settings=settings
+    )
 
 
 def _read_pairs(args, kind):
@@ -123,7 +128,7 @@ def evaluate(args):
     _check_writable(args.output)
     sources, references = _read_pairs(args, "test set")
     translator = _load_translator(args)
-    hypotheses = translator.translate(sources)
+    hypotheses = list(translator.translate_stream(sources))
     if args.output:
         _write_lines(hypotheses, args.output)
     search = (
@@ -428,7 +433,14 @@ def main(argv=None):
     command = add_command("translate", help="translate lines of text")
     _add_search_arguments(command)
     command.add_argument("--input", help="a UTF-8 text file, one sentence per line (default: stdin)")
-    command.add_argument("--output", help="where to write the translations (default: stdout)")
+    command.add_argument(
+        "--output", help="where to write the translations (default: stdout); an interrupted one is continued"
+    )
+    command.add_argument(
+        "--window", type=int, default=WINDOW_LINES, help=f"lines read and sorted by length together (default {WINDOW_LINES})"
+    )
+    command.add_argument("--shard", metavar="I/N", help="translate only the I-th of N equal parts of --input (0/2, 1/2)")
+    command.add_argument("--progress", action="store_true", help="lines, lines/s and time left on stderr (on a terminal: always)")
     command.set_defaults(run=translate)
 
     command = add_command("evaluate", help="BLEU and chrF of a test set, with sacrebleu")

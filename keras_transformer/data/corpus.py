@@ -5,7 +5,6 @@ import dataclasses
 import gzip
 import json
 import logging
-import os
 import zlib
 
 from keras_transformer.files import write_atomically  # noqa: F401 (where recipes import it)
@@ -102,18 +101,20 @@ def decode_lines(raw, path):
     raw_lines = raw.split(b"\n")
     if raw_lines and raw_lines[-1] == b"":
         raw_lines.pop()  # the newline that ends the last line
-    lines = []
-    for number, raw in enumerate(raw_lines, start=1):
-        try:
-            lines.append(raw.rstrip(b"\r").decode("utf-8"))
-        except UnicodeDecodeError as error:
-            context = raw[max(0, error.start - 20) : error.start + 20]
-            raise ValueError(
-                f"{path}:{number}: invalid UTF-8 at byte {error.start} of "
-                f"the line, near {context!r}. Expected UTF-8 text; convert "
-                "the file (for example with iconv) before reading it."
-            ) from error
-    return lines
+    return [decode_line(raw, path, number) for number, raw in enumerate(raw_lines, start=1)]
+
+
+def decode_line(raw, path, number):
+    """Line `number` of `path`, UTF-8 bytes without their newline, as text."""
+    try:
+        return raw.rstrip(b"\r").decode("utf-8")
+    except UnicodeDecodeError as error:
+        context = raw[max(0, error.start - 20) : error.start + 20]
+        raise ValueError(
+            f"{path}:{number}: invalid UTF-8 at byte {error.start} of "
+            f"the line, near {context!r}. Expected UTF-8 text; convert "
+            "the file (for example with iconv) before reading it."
+        ) from error
 
 
 def _collect_pairs(pairs, max_length, name):

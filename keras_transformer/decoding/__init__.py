@@ -5,6 +5,7 @@ from keras_transformer.decoding.attention_plot import plot_cross_attention
 from keras_transformer.decoding.beam_search import beam_search
 from keras_transformer.decoding.beam_search import greedy_search
 from keras_transformer.decoding.beam_search import length_penalty
+from keras_transformer.decoding.streaming import translate_file
 from keras_transformer.decoding.translator import Translator
 from keras_transformer.decoding.steps import cache_lengths
 from keras_transformer.decoding.steps import cached_step_function
@@ -24,4 +25,5 @@ __all__ = [
     "length_penalty",
     "plot_cross_attention",
     "search_translations",
+    "translate_file",
 ]

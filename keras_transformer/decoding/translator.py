@@ -15,6 +15,7 @@ from keras_transformer.data.pipeline import bucket_lengths
 from keras_transformer.data.tokenizers import load_tokenizer
 from keras_transformer.decoding.beam_search import check_alpha
 from keras_transformer.decoding.beam_search import check_length_penalty
+from keras_transformer.decoding import streaming
 from keras_transformer.decoding.compiled import CompiledFunction
 from keras_transformer.decoding.steps import search_translations
 from keras_transformer.files import atomic_path
@@ -151,11 +152,30 @@ class Translator:
         other.quantize = self.quantize  # its model is this one's, already quantized
         return other
 
-    def translate(self, texts):
-        """Translates each string; returns a list of strings, aligned."""
-        return [hypotheses[0][0] for hypotheses in self.n_best(texts)]
+    def translate(self, texts, first_line=0):
+        """Translates each string; returns a list of strings, aligned.
 
-    def n_best(self, texts):
+        `first_line` counts the lines before `texts` in their file, for
+        the line numbers of warnings."""
+        return [hypotheses[0][0] for hypotheses in self.n_best(texts, first_line)]
+
+    def translate_stream(self, lines, window=streaming.WINDOW_LINES):
+        """Translations of an iterable of lines, yielded in their order.
+
+        The lines are read `window` at a time; each window is sorted by
+        length into batches, translated, and yielded before the next is
+        read, so memory holds one window whatever the number of lines
+        (`keras_transformer.decoding.translate_file` writes a file's so).
+
+        Example:
+            >>> with open("in.en") as lines:
+            ...     for translation in translator.translate_stream(lines):
+            ...         print(translation)
+        """
+        for _, translations in streaming.translated_windows(self, lines, window):
+            yield from translations
+
+    def n_best(self, texts, first_line=0):
         """All `beam_size` translations of each string, best first.
 
         Returns:
@@ -165,7 +185,7 @@ class Translator:
         """
         texts = self._check_texts(texts)
         results = [[("", 0.0)] for _ in texts]
-        found = self.search(texts)
+        found = self.search(texts, first_line)
         if not found:
             return results
         # One detokenizer call for every hypothesis of every sentence.
@@ -176,7 +196,7 @@ class Translator:
             results[i] = [(next(translations), float(score)) for score in scores]
         return results
 
-    def search(self, texts):
+    def search(self, texts, first_line=0):
         """Token ids of the search, for the non-blank strings.
 
         Returns:
@@ -185,7 +205,7 @@ class Translator:
             last), int `[beam_size, length]` output ids (EOS, then 0s) and
             float `[beam_size]` scores, best first.
         """
-        sources = self._source_ids(self._check_texts(texts))
+        sources = self._source_ids(self._check_texts(texts), first_line)
         order = sorted(sources, key=lambda i: len(sources[i]))
         results = {}
         for start in range(0, len(order), self.batch_size):
@@ -221,7 +241,7 @@ class Translator:
                 )
         return texts
 
-    def _source_ids(self, texts):
+    def _source_ids(self, texts, first_line=0):
         """Token ids of each non-blank line, followed by EOS, by line index."""
         lines = [i for i, text in enumerate(texts) if text.strip()]
         if not lines:
@@ -231,7 +251,7 @@ class Translator:
         for i, ids in zip(lines, tokenized):
             if len(ids) + 1 > self.max_source_length:
                 warnings.warn(
-                    f"Line {i + 1} (texts[{i}]) has {len(ids)} subword tokens, more than "
+                    f"Line {first_line + i + 1} (texts[{i}]) has {len(ids)} subword tokens, more than "
                     f"max_source_length={self.max_source_length} allows "
                     f"(EOS included); translating its first "
                     f"{self.max_source_length - 1} tokens only.",
