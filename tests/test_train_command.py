@@ -348,6 +348,15 @@ def test_a_run_killed_at_each_of_its_file_writes_in_turn_resumes_to_its_end(file
         assert len(kt.Translator.load(run_dir).translate(["abc de"])) == 1
 
 
+def checkpoint_at_step(step, path):
+    """A tiny model's training checkpoint whose optimizer has taken `step` steps."""
+    model = kt.build_transformer("tiny", vocabulary_size=32, num_layers=1)
+    kt.training.compile_model(model)
+    model.optimizer.build(model.trainable_variables)
+    model.optimizer.iterations.assign(step)
+    model.save(path)
+
+
 def test_resume_knows_its_run_by_its_folder_and_never_goes_back(files, tmp_path, monkeypatch):
     """--resume finds the run in its folder however the folder is spelled or
     wherever it was moved, and refuses a --train-steps behind the run's last
@@ -364,7 +373,8 @@ def test_resume_knows_its_run_by_its_folder_and_never_goes_back(files, tmp_path,
     )
     config.save()
     (tmp_path / "first" / "checkpoints").mkdir()
-    (tmp_path / "first" / "checkpoints" / "ckpt-00000080.keras").write_bytes(b"")
+    # Named for step 8, holding step 80: the step comes from what is read.
+    checkpoint_at_step(80, tmp_path / "first" / "checkpoints" / "ckpt-00000008.keras")
     os.rename(tmp_path / "first", tmp_path / "moved")
     os.symlink(tmp_path / "moved", tmp_path / "link")
     monkeypatch.chdir(tmp_path)
@@ -374,7 +384,7 @@ def test_resume_knows_its_run_by_its_folder_and_never_goes_back(files, tmp_path,
 
     saved = (tmp_path / "moved" / "train_config.json").read_text()
     error = cli_error("train", "--resume", "--model-dir", "link", "--train-steps", 20)
-    assert "link is at step 80 (its last checkpoint, ckpt-00000080.keras)" in error
+    assert "link is at step 80 (its newest readable checkpoint, ckpt-00000008.keras)" in error
     assert "--train-steps 20 would go back" in error and "--train-steps 80 or more" in error
     assert (tmp_path / "moved" / "train_config.json").read_text() == saved
 
@@ -528,3 +538,35 @@ def test_multi30k_recipe_without_its_data_says_where_to_get_it(tmp_path):
         "or pass --data-dir."
     )
     assert not (tmp_path / "run").exists()
+
+
+@in_one_pass("jax", "the command's resume lines; reading checkpoints is tested in-process in every pass")
+def test_resume_names_only_checkpoints_that_loaded_and_skips_damaged_or_refused_ones(files, tmp_path):
+    import shutil
+
+    common = ["--train-steps", 8, "--checkpoint-every", 4, "--average", 2, "--valid-bleu-sentences", 0, "--dropout", 0]
+    first = cli(*train_arguments(files, tmp_path / "run", *common))
+    assert first.returncode == 0, first.stderr[-3000:]
+
+    # The newest checkpoint cut short: skipped with a warning, resumed from the one before.
+    shutil.copytree(tmp_path / "run", tmp_path / "damaged")
+    newest = tmp_path / "damaged" / "checkpoints" / "ckpt-00000008.keras"
+    newest.write_bytes(newest.read_bytes()[:2000])
+    resumed = cli("train", "--resume", "--model-dir", tmp_path / "damaged")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from ckpt-00000004.keras: step 4 of 8\n" in resumed.stdout
+    assert "ckpt-00000008.keras: step" not in resumed.stdout
+    assert re.search(r"warning: Skipped 1 checkpoint.*ckpt-00000008\.keras \(", resumed.stderr), resumed.stderr
+    assert PROGRESS.search(resumed.stdout) and (tmp_path / "damaged" / "model.keras").exists()
+
+    # A file named for a later step that safe mode refuses (a Python lambda).
+    shutil.copytree(tmp_path / "run", tmp_path / "planted")
+    inputs = keras.Input((2,))
+    keras.Model(inputs, keras.layers.Lambda(lambda x: x * 2)(inputs)).save(
+        tmp_path / "planted" / "checkpoints" / "ckpt-00000999.keras"
+    )
+    resumed = cli("train", "--resume", "--model-dir", tmp_path / "planted")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from ckpt-00000008.keras: step 8 of 8; nothing left to train" in resumed.stdout
+    assert "999" not in resumed.stdout
+    assert re.search(r"warning: Skipped 1 checkpoint.*ckpt-00000999\.keras \(.*lambda", resumed.stderr), resumed.stderr

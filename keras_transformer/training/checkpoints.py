@@ -90,18 +90,17 @@ class SaveCheckpoints(keras.callbacks.Callback):
             os.remove(stale)
 
 
-def restore_latest(model, directory):
-    """The newest readable checkpoint in `directory` as a compiled model, or
-    None when there is none.
+def newest_readable(directory, stacklevel=2):
+    """`(model, path)` of the newest checkpoint in `directory` that Keras
+    loads (in safe mode), compiled, with its optimizer state; `(None,
+    None)` when there is none.
 
-    A checkpoint that cannot be read (truncated, corrupt, emptied by a full
-    disk) is skipped with a warning that names it and says why, and moved
-    aside as `.unreadable-ckpt-<step>.keras`; the next older one is tried.
-    If checkpoints exist but none can be read, that is an error: starting
-    over would silently throw their training away.
-
-    The checkpoint must hold the same architecture as `model`: resuming a
-    different model from it would silently train the wrong thing.
+    Newer checkpoints that do not load (truncated, corrupt, emptied by a
+    full disk, refused by safe mode), whatever their names say, are skipped
+    with one warning that names each and says why, and moved aside as
+    `.unreadable-ckpt-<step>.keras`. If checkpoints exist but none loads,
+    that is an error: starting over would silently throw their training
+    away.
     """
     checkpoints = list_checkpoints(directory)
     restored, unreadable = None, {}
@@ -120,7 +119,7 @@ def restore_latest(model, directory):
                 "at least one intact ckpt-<step>.keras; move the directory "
                 "away to start over."
             )
-        return None
+        return None, None
     for path in unreadable:
         # Out of the way of later writes and of averaging, kept to inspect.
         os.replace(path, os.path.join(directory, UNREADABLE_PREFIX + os.path.basename(path)))
@@ -129,8 +128,31 @@ def restore_latest(model, directory):
             f"Skipped {len(unreadable)} checkpoint(s) that cannot be read: "
             f"{reasons}. Moved aside with the prefix {UNREADABLE_PREFIX}; "
             f"resuming from {restored_from}.",
-            stacklevel=2,
+            stacklevel=stacklevel,
         )
+    return restored, restored_from
+
+
+def trained_steps(model):
+    """The optimizer steps a restored checkpoint holds (its own count, not
+    its file name's)."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        raise ValueError(f"{model.name} has no optimizer state: not a training checkpoint.")
+    return int(keras.ops.convert_to_numpy(optimizer.iterations))
+
+
+def restore_latest(model, directory):
+    """The newest readable checkpoint in `directory` as a compiled model, or
+    None when there is none (`newest_readable`: unreadable ones are skipped
+    with a warning and moved aside).
+
+    The checkpoint must hold the same architecture as `model`: resuming a
+    different model from it would silently train the wrong thing.
+    """
+    restored, _ = newest_readable(directory, stacklevel=3)
+    if restored is None:
+        return None
     expected = _architecture(model)
     found = _architecture(restored)
     if expected != found:

@@ -43,8 +43,9 @@ from keras_transformer.decoding.translator import Translator
 from keras_transformer.models.transformer import build_transformer
 from keras_transformer.training.checkpoints import average_checkpoints
 from keras_transformer.training.checkpoints import check_writable
-from keras_transformer.training.checkpoints import checkpoint_step
 from keras_transformer.training.checkpoints import list_checkpoints
+from keras_transformer.training.checkpoints import newest_readable
+from keras_transformer.training.checkpoints import trained_steps
 from keras_transformer.training.distribution import Distribution
 from keras_transformer.training.progress import ProgressLog
 from keras_transformer.training.progress import ValidationBLEU
@@ -72,7 +73,9 @@ def prepare_model_dir(config, resume=False):
     was moved.
 
     Returns:
-        The run's checkpoints, oldest first (none for a new run).
+        `(step, path)` of the checkpoint a resumed run continues from, the
+        newest that loads (`newest_readable`), its step read from it;
+        `(0, None)` for a new run.
     """
     model_dir = config.model_dir
     if os.path.exists(model_dir) and not os.path.isdir(model_dir):
@@ -94,11 +97,13 @@ def prepare_model_dir(config, resume=False):
                     + "; ".join(differences)
                     + "). Resume with its own train_config.json, or start a new --model-dir."
                 )
-        reached = checkpoint_step(checkpoints[-1]) if checkpoints else 0
+        restored, path = newest_readable(os.path.join(model_dir, "checkpoints"), stacklevel=4)
+        reached = 0 if restored is None else trained_steps(restored)
+        del restored  # `fit` restores it again, for the model it is given
         if config.train_steps < reached:
             raise ValueError(
-                f"{model_dir} is at step {reached} (its last checkpoint, "
-                f"{os.path.basename(checkpoints[-1])}); --train-steps {config.train_steps} would go back. "
+                f"{model_dir} is at step {reached} (its newest readable checkpoint, "
+                f"{os.path.basename(path)}); --train-steps {config.train_steps} would go back. "
                 f"Resume with --train-steps {reached} or more, or start a new --model-dir."
             )
     elif checkpoints:
@@ -107,9 +112,11 @@ def prepare_model_dir(config, resume=False):
             f"{os.path.basename(checkpoints[-1])}). Pass --resume to continue it, or "
             "choose another --model-dir."
         )
+    else:
+        reached, path = 0, None
     check_writable(os.path.join(model_dir, "checkpoints"))
     config.save()
-    return checkpoints
+    return reached, path
 
 
 def read_corpus(sources, targets, name):
@@ -137,14 +144,12 @@ def train_translator(config, resume=False, log=print, verbose=0):
         The saved `Translator`.
     """
     config.validate()
-    checkpoints = prepare_model_dir(config, resume)
+    reached, resumed_from = prepare_model_dir(config, resume)
     keras.utils.set_random_seed(config.seed)
     started = time.time()
-    reached = 0
-    if resume and checkpoints:
-        reached = checkpoint_step(checkpoints[-1])
+    if resumed_from is not None:
         log(
-            f"resuming from {os.path.basename(checkpoints[-1])}: step {reached} of {config.train_steps}"
+            f"resuming from {os.path.basename(resumed_from)}: step {reached} of {config.train_steps}"
             + ("; nothing left to train, the translator is saved again from the checkpoints" if reached >= config.train_steps else "")
         )
 
