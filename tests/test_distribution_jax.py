@@ -19,6 +19,7 @@ import keras
 import numpy as np
 import pytest
 
+
 pytestmark = pytest.mark.skipif(
     keras.backend.backend() != "jax",
     reason="jax.distributed across processes is the JAX backend's engine; runs in the JAX pass",
@@ -150,3 +151,54 @@ def test_two_processes_on_localhost_train_one_model_to_identical_weights(corpus,
     together, single = losses(tmp_path / "process0"), losses(tmp_path / "alone")
     assert [step for step, *_ in together] == [step for step, *_ in single] == [2, 4]
     np.testing.assert_allclose(together, single, rtol=1e-4)
+
+
+def start_two(corpus, tmp_path, name, *extra, model_dirs=None):
+    """Two processes of one run, each logging to files."""
+    port = free_port()
+    processes = []
+    for i in range(2):
+        model_dir = model_dirs[i] if model_dirs else tmp_path / f"{name}{i}"
+        with open(tmp_path / f"{name}{i}.out", "w") as out, open(tmp_path / f"{name}{i}.err", "w") as err:
+            processes.append(subprocess.Popen(
+                train(corpus, model_dir) + [str(a) for a in extra],
+                env=environment(
+                    JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_COORDINATOR_BIND_ADDRESS=f"127.0.0.1:{port}",
+                    JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(i),
+                ),
+                stdout=out, stderr=err,
+            ))
+    return processes
+
+
+def test_processes_whose_newest_checkpoints_differ_resume_together_from_the_one_they_share(corpus, tmp_path):
+    """As after a crash in which one process wrote its last checkpoint and
+    the other did not: both resume from the newest step both have, the one
+    ahead sets its newer checkpoint aside, and the run ends with the weights
+    of an uninterrupted one."""
+    whole = start_two(corpus, tmp_path, "whole", "--train-steps", 8, "--valid-bleu-sentences", 0)
+    first = start_two(corpus, tmp_path, "first", "--train-steps", 6, "--valid-bleu-sentences", 0)
+    for processes, name in ((whole, "whole"), (first, "first")):
+        wait_for_all(processes, timeout=300)
+        assert [p.returncode for p in processes] == [0, 0], (tmp_path / f"{name}0.err").read_text()[-3000:]
+    (tmp_path / "first1" / "checkpoints" / "ckpt-00000006.keras").unlink()
+
+    resumed = start_two(
+        corpus, tmp_path, "resumed", "--train-steps", 8, "--valid-bleu-sentences", 0, "--resume",
+        model_dirs=[tmp_path / "first0", tmp_path / "first1"],
+    )
+    wait_for_all(resumed, timeout=300)
+    assert [p.returncode for p in resumed] == [0, 0], (tmp_path / "resumed0.err").read_text()[-3000:]
+    for i in range(2):
+        out = (tmp_path / f"resumed{i}.out").read_text()
+        assert "resuming from ckpt-00000004.keras: step 4 of 8\n" in out, out
+    assert "the processes' newest common checkpoint is at step 4: set aside ckpt-00000006.keras" in (
+        tmp_path / "resumed0.out"
+    ).read_text()
+    assert (tmp_path / "first0" / "checkpoints" / ".ahead-ckpt-00000006.keras").exists()
+    for i in range(2):
+        got = keras.saving.load_model(tmp_path / f"first{i}" / "checkpoints" / "ckpt-00000008.keras")
+        want = keras.saving.load_model(tmp_path / f"whole{i}" / "checkpoints" / "ckpt-00000008.keras")
+        for a, b in zip(got.get_weights() + got.optimizer.variables, want.get_weights() + want.optimizer.variables,
+                        strict=True):
+            np.testing.assert_allclose(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b), rtol=1e-5, atol=1e-6)

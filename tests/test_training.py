@@ -517,6 +517,40 @@ def test_two_workers_on_localhost_train_together_to_identical_weights(tmp_path):
         np.testing.assert_allclose(a, b, atol=1e-6)
 
 
+LEAST = """
+import json, os, sys
+index, ports, value = int(sys.argv[1]), sys.argv[2].split(","), int(sys.argv[3])
+os.environ["TF_CONFIG"] = json.dumps(
+    {"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]}, "task": {"type": "worker", "index": index}}
+)
+from keras_transformer.training import Distribution
+distribution = Distribution()
+print(distribution.processes, distribution.least(value))
+"""
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() != "tensorflow",
+    reason="MultiWorkerMirroredStrategy is the TensorFlow backend's engine",
+)
+def test_two_workers_agree_on_the_least_of_their_steps():
+    """What workers resuming together agree on: the newest step both have."""
+    ports = []
+    for _ in range(2):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            ports.append(str(probe.getsockname()[1]))
+    workers = [
+        subprocess.Popen([sys.executable, "-c", LEAST, str(i), ",".join(ports), str(value)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i, value in enumerate((8, 6))
+    ]
+    for worker in workers:
+        stdout, stderr = worker.communicate(timeout=300)
+        assert worker.returncode == 0, stderr[-3000:]
+        assert stdout.split() == ["2", "6"], stdout
+
+
 @pytest.mark.skipif(
     keras.backend.backend() != "torch", reason="only the torch backend is limited to one device"
 )

@@ -79,6 +79,29 @@ class Distribution:
                 )
             self.num_replicas = 1
 
+    @property
+    def processes(self):
+        """How many processes train together: JAX processes or TensorFlow workers."""
+        if self.backend == "tensorflow":
+            return max(1, len(_tensorflow_cluster().get("worker", [])))
+        return self.data_shard[1]
+
+    def least(self, value):
+        """The least of every process's integer `value`; each process calls
+        it, as a collective (the newest checkpoint step they all have)."""
+        if self.processes == 1:
+            return value
+        if self.backend == "jax":
+            import numpy as np
+            from jax.experimental import multihost_utils
+
+            return int(np.min(multihost_utils.process_allgather(np.array([value], "int64"))))
+        import tensorflow as tf
+
+        strategy = self._strategy
+        values = strategy.run(lambda: tf.constant([value], tf.int64))
+        return int(tf.reduce_min(strategy.gather(values, axis=0)).numpy())
+
     def scope(self):
         """The context in which to build and compile the model."""
         if self._strategy is not None:
@@ -93,15 +116,33 @@ class Distribution:
         return f"Distribution({self.backend}, {kind}, replicas={self.num_replicas}{processes})"
 
 
+@contextlib.contextmanager
+def local_reads():
+    """Keras's distribution unset while inside, so that a checkpoint read
+    there is this process's alone: loaded under a distribution across
+    processes, a model gathers its variables from all of them, and
+    processes reading different files block or fail."""
+    current = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)
+    try:
+        yield
+    finally:
+        keras.distribution.set_distribution(current)
+
+
 def _int_or_none(value):
     return None if value in (None, "") else int(value)
+
+
+def _tensorflow_cluster():
+    """The cluster `TF_CONFIG` describes (its "worker" list), or {}."""
+    return json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
 
 
 def _tensorflow_strategy(devices):
     import tensorflow as tf
 
-    cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
-    if len(cluster.get("worker", [])) > 1:
+    if len(_tensorflow_cluster().get("worker", [])) > 1:
 
         class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
             """Works around two Keras 3.15 calls that the collective

@@ -43,10 +43,12 @@ from keras_transformer.decoding.translator import Translator
 from keras_transformer.models.transformer import build_transformer
 from keras_transformer.training.checkpoints import average_checkpoints
 from keras_transformer.training.checkpoints import check_writable
+from keras_transformer.training.checkpoints import checkpoint_step
 from keras_transformer.training.checkpoints import list_checkpoints
 from keras_transformer.training.checkpoints import newest_readable
 from keras_transformer.training.checkpoints import trained_steps
 from keras_transformer.training.distribution import Distribution
+from keras_transformer.training.distribution import local_reads
 from keras_transformer.training.progress import ProgressLog
 from keras_transformer.training.progress import ValidationBLEU
 from keras_transformer.training.progress import format_duration
@@ -61,6 +63,8 @@ from keras_transformer.training.config import PREPARED_DIR
 from keras_transformer.training.config import TrainingConfig
 
 VALID_BUCKETS = 2
+# A checkpoint newer than every process's: kept aside, out of the resume's way.
+AHEAD_PREFIX = ".ahead-"
 
 
 def prepare_model_dir(config, resume=False):
@@ -97,8 +101,9 @@ def prepare_model_dir(config, resume=False):
                     + "; ".join(differences)
                     + "). Resume with its own train_config.json, or start a new --model-dir."
                 )
-        restored, path = newest_readable(os.path.join(model_dir, "checkpoints"), stacklevel=4)
-        reached = 0 if restored is None else trained_steps(restored)
+        with local_reads():
+            restored, path = newest_readable(os.path.join(model_dir, "checkpoints"), stacklevel=4)
+            reached = 0 if restored is None else trained_steps(restored)
         del restored  # `fit` restores it again, for the model it is given
         if config.train_steps < reached:
             raise ValueError(
@@ -144,7 +149,11 @@ def train_translator(config, resume=False, log=print, verbose=0):
         The saved `Translator`.
     """
     config.validate()
+    # First: JAX's processes join before anything starts JAX (a checkpoint read).
+    distribution = Distribution()
     reached, resumed_from = prepare_model_dir(config, resume)
+    if resume and distribution.processes > 1:
+        reached, resumed_from = _common_checkpoint(distribution, config.model_dir, reached, resumed_from, log)
     keras.utils.set_random_seed(config.seed)
     started = time.time()
     if resumed_from is not None:
@@ -158,7 +167,6 @@ def train_translator(config, resume=False, log=print, verbose=0):
     valid = _validation_pairs(config)
     log(valid.summary())
 
-    distribution = Distribution()
     log(f"{distribution}")
     use_compilation_cache()
     train_data = TokenBatches(
@@ -231,6 +239,33 @@ def train_translator(config, resume=False, log=print, verbose=0):
         + f") in {config.model_dir} after {format_duration(time.time() - started)}"
     )
     return translator
+
+
+def _common_checkpoint(distribution, model_dir, reached, path, log):
+    """`(step, path)` of the newest checkpoint every process of the run has:
+    the processes agree on the least of their newest steps, and a process
+    that is ahead (killed peers write one checkpoint fewer) sets its newer
+    checkpoints aside, as `.ahead-ckpt-<step>.keras`, and resumes there too."""
+    common = distribution.least(reached)
+    if common == reached:
+        return reached, path
+    directory = os.path.join(model_dir, "checkpoints")
+    ahead = [p for p in list_checkpoints(directory) if checkpoint_step(p) > common]
+    for newer in ahead:
+        os.replace(newer, os.path.join(directory, AHEAD_PREFIX + os.path.basename(newer)))
+    with local_reads():
+        restored, path = newest_readable(directory)
+        step = 0 if restored is None else trained_steps(restored)
+    if step != common:
+        raise ValueError(
+            f"The run's processes have step {common} in common, but this one's newest readable checkpoint "
+            f"in {directory} is now at step {step}; resume from a copy of another process's checkpoints."
+        )
+    log(
+        f"the processes' newest common checkpoint is at step {common}: set aside "
+        + ", ".join(os.path.basename(p) for p in ahead) + f" as {AHEAD_PREFIX}..."
+    )
+    return common, path
 
 
 def validation_batches(config, valid, tokenizer):
