@@ -333,10 +333,10 @@ def prepare(args):
 
 
 def train(args):
-    from keras_transformer.training.run import train_translator
+    from keras_transformer.training import supervision
 
     config = training_config(args)
-    translator = train_translator(config, resume=args.resume, log=_log)
+    translator = supervision.train(config, args.resume, _log)
     print(
         f"Translate with: keras-transformer translate --model-dir {config.model_dir} < input.txt\n"
         f"Export with:    keras-transformer export --model-dir {config.model_dir}"

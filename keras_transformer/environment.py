@@ -229,6 +229,15 @@ def quiet_third_party_logs():
         _filter = _StderrFilter()
 
 
+def stop_filtering_stderr():
+    """Gives file descriptor 2 back to the real stderr, after the filter has
+    passed on what it holds: before `os._exit`, which ends its thread."""
+    global _filter
+    if _filter is not None:
+        _filter.close()
+        _filter = None
+
+
 class _StderrFilter:
     """Points file descriptor 2 at a pipe, and copies the lines that are not
     noise from the pipe to the real stderr in a thread."""

@@ -8,8 +8,11 @@ losses of one process training on the whole batches. Like the two TensorFlow
 workers of test_training.py, each writes its own model directory.
 """
 
+import contextlib
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -154,7 +157,8 @@ def test_two_processes_on_localhost_train_one_model_to_identical_weights(corpus,
 
 
 def start_two(corpus, tmp_path, name, *extra, model_dirs=None):
-    """Two processes of one run, each logging to files."""
+    """Two processes of one run, each logging to files, each in a process
+    group of its own (the command trains in a child of the process started)."""
     port = free_port()
     processes = []
     for i in range(2):
@@ -166,7 +170,7 @@ def start_two(corpus, tmp_path, name, *extra, model_dirs=None):
                     JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_COORDINATOR_BIND_ADDRESS=f"127.0.0.1:{port}",
                     JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(i),
                 ),
-                stdout=out, stderr=err,
+                stdout=out, stderr=err, start_new_session=True,
             ))
     return processes
 
@@ -202,3 +206,27 @@ def test_processes_whose_newest_checkpoints_differ_resume_together_from_the_one_
         for a, b in zip(got.get_weights() + got.optimizer.variables, want.get_weights() + want.optimizer.variables,
                         strict=True):
             np.testing.assert_allclose(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b), rtol=1e-5, atol=1e-6)
+
+
+def test_a_lost_process_ends_the_other_with_one_error_line(corpus, tmp_path):
+    processes = start_two(corpus, tmp_path, "lost", "--train-steps", 400, "--valid-bleu-sentences", 0)
+    fourth = tmp_path / "lost1" / "checkpoints" / "ckpt-00000004.keras"
+    deadline = time.time() + 300
+    while not fourth.exists() and time.time() < deadline and processes[1].poll() is None:
+        time.sleep(0.01)
+    os.killpg(processes[1].pid, signal.SIGKILL)  # the machine gone: the command and its child
+    lost_at = time.time()
+    try:
+        processes[0].wait(timeout=240)
+    finally:
+        for process in processes:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+    # JAX's coordination service gives up on a process after 100 s without heartbeats.
+    assert time.time() - lost_at < 150 and processes[0].returncode == 1
+    err = (tmp_path / "lost0.err").read_text()
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, err[-3000:]
+    assert "Traceback" not in err and "Terminating process" not in err, err[-3000:]
+    assert re.search(r"training stopped: (process 1|another process) stopped answering.*newest checkpoint is at step \d+", errors[0])
+    assert f"keras-transformer train --resume --model-dir {tmp_path / 'lost0'}" in errors[0]

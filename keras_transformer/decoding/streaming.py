@@ -22,6 +22,7 @@ outputs, put together in order, are the whole file's translation.
 import dataclasses
 import gzip
 import hashlib
+import itertools
 import json
 import os
 import sys
@@ -155,7 +156,10 @@ def translate_file(
         first, end = total * index // count, total * (index + 1) // count
     if progress is not None and end is None and lines.name != "<stdin>":
         end = lines.count()
-    numbered = ((number, raw) for number, raw in lines if number > first and (end is None or number <= end))
+    # The shard's lines: those before it skipped, the file left at its end.
+    numbered = itertools.takewhile(
+        lambda item: end is None or item[0] <= end, itertools.dropwhile(lambda item: item[0] <= first, lines)
+    )
     if progress is not None and end is not None:
         progress.total = end - first
     if output in (None, "-"):
