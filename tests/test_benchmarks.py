@@ -11,6 +11,7 @@ import keras
 import pytest
 from conftest import in_one_pass
 
+import keras_transformer as kt
 from keras_transformer.data import builtin_corpus
 
 BENCHMARKS = os.path.join(os.path.dirname(__file__), "..", "benchmarks")
@@ -212,6 +213,28 @@ def test_torch_paths_decode_with_each_path_switched_off_in_turn(tmp_path):
         assert rows["all"]["over_all"] == 1.0
     assert report["products"] in ("oneDNN's", "torch's matmul") and report["products"] in stdout
     assert "tiny  beam 4  no recorded loops" in stdout
+
+
+def test_translate_scale_reports_the_peak_memory_and_speed_of_each_count(
+    translation_model, translation_tokenizer, tmp_path
+):
+    kt.Translator(translation_model, translation_tokenizer, beam_size=1, max_extra_length=4).save(tmp_path / "model")
+    (tmp_path / "corpus.en").write_text("the man sees the dog .\n\nthe cat .\na woman reads a book .\n")
+    out = tmp_path / "scale.json"
+    stdout = run_benchmark(
+        "translate_scale.py", "--model-dir", str(tmp_path / "model"), "--corpus", str(tmp_path / "corpus.en"),
+        "--lines", "5", "11", "--order-lines", "7", "--batch-size", "2", "--window", "4", "--json", str(out),
+    )
+    report = json.loads(out.read_text())
+    runs = report["runs"]
+    assert [(r["lines"], r["window"]) for r in runs] == [(5, 4), (11, 4), (7, 4), (7, 2)]
+    for run in runs:
+        assert run["peak_rss_mib"] > 50 and 0 < run["lines_per_second"] < run["translation_lines_per_second"]
+    assert report["peak_ratio"] == pytest.approx(runs[1]["peak_rss_mib"] / runs[0]["peak_rss_mib"])
+    assert report["sorted_over_file_order"] == pytest.approx(
+        runs[2]["translation_lines_per_second"] / runs[3]["translation_lines_per_second"]
+    )
+    assert "peak at 11 lines / at 5:" in stdout
 
 
 def test_gpu_decoding_times_ours_and_transformers_on_the_same_steps(tmp_path):
