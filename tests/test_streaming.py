@@ -156,7 +156,7 @@ def model_dir(translator, tmp_path_factory):
 
 @in_one_pass("jax", "streaming is host code around the translator")
 def test_cli_translate_killed_halfway_continues_to_the_same_file(model_dir, tmp_path, monkeypatch, capsys):
-    lines = LINES * 25  # 800 lines, 200 windows of 4
+    lines = LINES * 12  # 384 lines, 96 windows of 4
     source = write(tmp_path / "in.en", lines)
     output = tmp_path / "out.de"
     command = [sys.executable, "-m", "keras_transformer", "translate", "--model-dir", str(model_dir),

@@ -292,16 +292,26 @@ def test_a_bad_argument_exits_without_a_traceback(files, tmp_path):
 @in_one_pass("torch", "the recipe's data, averaging and scoring; training under each backend is the quick start's test")
 @needs_multi30k
 def test_multi30k_recipe_smoke_mode_trains_and_scores_test2016(tmp_path):
+    """From Multi30k laid out as github.com/multi30k/dataset's data/task1/raw
+    comes: gzipped, the test set named test_2016_flickr."""
+    import gzip
+
+    raw = tmp_path / "task1" / "raw"
+    raw.mkdir(parents=True)
+    for split, upstream in (("train", "train"), ("val", "val"), ("test2016", "test_2016_flickr")):
+        for language in ("en", "de"):
+            with open(os.path.join(MULTI30K, f"{split}.{language}"), "rb") as file:
+                (raw / f"{upstream}.{language}.gz").write_bytes(gzip.compress(file.read()))
     result = subprocess.run(
         [sys.executable, os.path.join(ROOT, "recipes", "multi30k_en_de.py"), "--smoke",
-         "--direction", "de-en", "--data-dir", MULTI30K, "--model-dir", tmp_path / "run"],
+         "--direction", "de-en", "--data-dir", raw, "--model-dir", tmp_path / "run"],
         env=dict(os.environ, KERAS_BACKEND=keras.backend.backend()),
         capture_output=True, text=True, timeout=900,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["direction"] == "de-en"
-    assert results["config"]["train_source"][0].endswith("train.de")
+    assert results["config"]["train_source"][0].endswith("train.de.gz")
     # alpha chosen on val for the saved translator, then test2016 scored at it
     tuning = results["val_alpha_tuning"]
     assert [(r["beam_size"], r["alpha"]) for r in tuning] == [(4, 0.6), (4, 1.0), (4, 1.4)]
@@ -409,7 +419,7 @@ def test_a_torn_vocabulary_is_made_again_before_the_first_checkpoint_and_explain
 
     (tmp_path / "run" / "subword.model").write_bytes(b"")
     (tmp_path / "run" / "checkpoints").mkdir()
-    (tmp_path / "run" / "checkpoints" / "ckpt-00000004.keras").write_bytes(b"")
+    checkpoint_at_step(4, tmp_path / "run" / "checkpoints" / "ckpt-00000004.keras")
     error = cli_error("train", "--resume", "--model-dir", tmp_path / "run")
     assert "subword.model is empty" in error
     assert "checkpoints (1) were trained with that vocabulary" in error and "put back subword.model" in error
@@ -534,7 +544,7 @@ def test_multi30k_recipe_without_its_data_says_where_to_get_it(tmp_path):
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1] == (
         f"error: no Multi30k in {tmp_path / 'nowhere'}: {tmp_path / 'nowhere' / 'train.en'} is missing; "
-        "expected train, val and test2016 .en/.de (github.com/multi30k/dataset, data/task1/raw, unzipped), "
+        "expected train, val and test2016 .en/.de (github.com/multi30k/dataset's data/task1/raw, gzipped or not), "
         "or pass --data-dir."
     )
     assert not (tmp_path / "run").exists()
@@ -542,31 +552,24 @@ def test_multi30k_recipe_without_its_data_says_where_to_get_it(tmp_path):
 
 @in_one_pass("jax", "the command's resume lines; reading checkpoints is tested in-process in every pass")
 def test_resume_names_only_checkpoints_that_loaded_and_skips_damaged_or_refused_ones(files, tmp_path):
-    import shutil
-
     common = ["--train-steps", 8, "--checkpoint-every", 4, "--average", 2, "--valid-bleu-sentences", 0, "--dropout", 0]
     first = cli(*train_arguments(files, tmp_path / "run", *common))
     assert first.returncode == 0, first.stderr[-3000:]
 
-    # The newest checkpoint cut short: skipped with a warning, resumed from the one before.
-    shutil.copytree(tmp_path / "run", tmp_path / "damaged")
-    newest = tmp_path / "damaged" / "checkpoints" / "ckpt-00000008.keras"
+    # The newest checkpoint cut short, and a file named for a later step that
+    # safe mode refuses (a Python lambda): both skipped with a warning that
+    # names them, and the run resumed from the one before.
+    newest = tmp_path / "run" / "checkpoints" / "ckpt-00000008.keras"
     newest.write_bytes(newest.read_bytes()[:2000])
-    resumed = cli("train", "--resume", "--model-dir", tmp_path / "damaged")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resuming from ckpt-00000004.keras: step 4 of 8\n" in resumed.stdout
-    assert "ckpt-00000008.keras: step" not in resumed.stdout
-    assert re.search(r"warning: Skipped 1 checkpoint.*ckpt-00000008\.keras \(", resumed.stderr), resumed.stderr
-    assert PROGRESS.search(resumed.stdout) and (tmp_path / "damaged" / "model.keras").exists()
-
-    # A file named for a later step that safe mode refuses (a Python lambda).
-    shutil.copytree(tmp_path / "run", tmp_path / "planted")
     inputs = keras.Input((2,))
     keras.Model(inputs, keras.layers.Lambda(lambda x: x * 2)(inputs)).save(
-        tmp_path / "planted" / "checkpoints" / "ckpt-00000999.keras"
+        tmp_path / "run" / "checkpoints" / "ckpt-00000999.keras"
     )
-    resumed = cli("train", "--resume", "--model-dir", tmp_path / "planted")
+    resumed = cli("train", "--resume", "--model-dir", tmp_path / "run")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resuming from ckpt-00000008.keras: step 8 of 8; nothing left to train" in resumed.stdout
-    assert "999" not in resumed.stdout
-    assert re.search(r"warning: Skipped 1 checkpoint.*ckpt-00000999\.keras \(.*lambda", resumed.stderr), resumed.stderr
+    assert "resuming from ckpt-00000004.keras: step 4 of 8\n" in resumed.stdout
+    assert "ckpt-00000008.keras: step" not in resumed.stdout and "999" not in resumed.stdout
+    warning = re.search(r"warning: Skipped 2 checkpoint.*", resumed.stderr)
+    assert warning, resumed.stderr[-3000:]
+    assert re.search(r"ckpt-00000999\.keras \(.*lambda", warning.group()) and "ckpt-00000008.keras (" in warning.group()
+    assert PROGRESS.search(resumed.stdout) and (tmp_path / "run" / "model.keras").exists()

@@ -19,6 +19,7 @@ n consecutive parts of a file, so that n processes can share it; their
 outputs, put together in order, are the whole file's translation.
 """
 
+import contextlib
 import dataclasses
 import gzip
 import hashlib
@@ -30,6 +31,7 @@ import time
 import zlib
 
 from keras_transformer.data.corpus import decode_line
+from keras_transformer.files import CannotWrite
 from keras_transformer.files import write_atomically
 
 # Lines translated together: enough to fill batches of similar lengths,
@@ -162,8 +164,9 @@ def translate_file(
     )
     if progress is not None and end is not None:
         progress.total = end - first
-    if output in (None, "-"):
-        translated = _write_stream(translator, numbered, lines.name, window, first, progress)
+    if output in (None, "-") or (os.path.exists(output) and not os.path.isfile(output)):
+        # stdout, or a device or pipe (/dev/null): written as it comes, never continued.
+        translated = _write_stream(translator, numbered, lines.name, window, first, progress, output)
         return Summary(translated, 0, time.perf_counter() - started)
     run = _Run(os.fspath(output), {
         "input": os.path.abspath(lines.name) if lines.name != "<stdin>" else lines.name,
@@ -191,17 +194,27 @@ def translate_file(
     return Summary(translated, kept, time.perf_counter() - started)
 
 
-def _write_stream(translator, numbered, name, window, first, progress):
+def _write_stream(translator, numbered, name, window, first, progress, output):
     if progress is not None:
         progress.start(0)
     texts = (decode_line(raw, name, number) for number, raw in numbered)
     translated = 0
-    for _, translations in translated_windows(translator, texts, window, first):
-        sys.stdout.write("".join(_one_line(line) for line in translations))
-        sys.stdout.flush()
-        translated += len(translations)
-        if progress is not None:
-            progress.update(translated)
+    target = sys.stdout.buffer if output in (None, "-") else None
+    try:
+        if target is None:
+            target = open(output, "wb")
+        for _, translations in translated_windows(translator, texts, window, first):
+            target.write("".join(_one_line(line) for line in translations).encode("utf-8"))
+            target.flush()
+            translated += len(translations)
+            if progress is not None:
+                progress.update(translated)
+    except OSError as error:
+        raise CannotWrite("<stdout>" if output in (None, "-") else output, error) from None
+    finally:
+        if target is not None and target is not sys.stdout.buffer:
+            with contextlib.suppress(OSError):
+                target.close()
     if progress is not None:
         progress.finish(translated)
     return translated
