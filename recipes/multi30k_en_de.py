@@ -40,13 +40,26 @@ try:
 except ImportError as error:  # an unknown backend, or one not installed
     sys.exit(f"error: {error}")
 
-# Multi30k's task 1 text: github.com/multi30k/dataset, data/task1/raw, unzipped.
+# Multi30k's task 1 text: github.com/multi30k/dataset's data/task1/raw, as it
+# comes (gzipped, the test set named test_2016_flickr) or unzipped.
 DATA_DIR = "multi30k"
+NAMES = {"test2016": ("test2016", "test_2016_flickr")}
+
+
+def data_file(data_dir, split, language):
+    """`split`'s `language` side in `data_dir`, under the name and compression
+    it has there (`train.en`, `train.en.gz`, `test_2016_flickr.en.gz`, ...)."""
+    for name in NAMES.get(split, (split,)):
+        for suffix in ("", ".gz"):
+            path = os.path.join(data_dir, f"{name}.{language}{suffix}")
+            if os.path.isfile(path):
+                return path
+    return os.path.join(data_dir, f"{split}.{language}")
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", default=DATA_DIR, help="holds train, val and test2016 .en/.de, as in github.com/multi30k/dataset's data/task1/raw, unzipped (default: multi30k)")
+    parser.add_argument("--data-dir", default=DATA_DIR, help="github.com/multi30k/dataset's data/task1/raw, gzipped as it comes or not: train, val and test2016 (test_2016_flickr) .en/.de (default: multi30k)")
     parser.add_argument("--direction", default="en-de", choices=["en-de", "de-en"])
     parser.add_argument("--model-dir", help="default: runs/multi30k_<direction>")
     parser.add_argument("--resume", action="store_true", help="continue the run in --model-dir")
@@ -66,7 +79,7 @@ def configuration(args):
     from keras_transformer.training import TrainingConfig
 
     source, target = args.direction.split("-")
-    data = lambda split, language: os.path.join(args.data_dir, f"{split}.{language}")  # noqa: E731
+    data = lambda split, language: data_file(args.data_dir, split, language)  # noqa: E731
     config = TrainingConfig(
         model_dir=args.model_dir or os.path.join("runs", f"multi30k_{source}_{target}"),
         train_source=[data("train", source)],
@@ -238,12 +251,12 @@ def main(argv=None):
 
     config = configuration(args)
     source, target = args.direction.split("-")
-    test_files = [os.path.join(args.data_dir, f"test2016.{language}") for language in (source, target)]
+    test_files = [data_file(args.data_dir, "test2016", language) for language in (source, target)]
     missing = [path for path in config.train_source + config.train_target + config.valid_source
                + config.valid_target + test_files if not os.path.isfile(path)]
     if missing:
         sys.exit(f"error: no Multi30k in {args.data_dir}: {missing[0]} is missing; expected train, val and "
-                 f"test2016 .en/.de (github.com/multi30k/dataset, data/task1/raw, unzipped), or pass --data-dir.")
+                 f"test2016 .en/.de (github.com/multi30k/dataset's data/task1/raw, gzipped or not), or pass --data-dir.")
     try:
         test = read_parallel_text(*test_files)
     except ValueError as error:  # present but unreadable
