@@ -51,6 +51,7 @@ from keras_transformer.backend import loops as backend_loops  # noqa: E402
 from keras_transformer.backend import products  # noqa: E402
 from keras_transformer.decoding import search_translations  # noqa: E402
 from keras_transformer.decoding.compiled import CompiledFunction  # noqa: E402
+from training_speed import other_products  # noqa: E402
 
 BOS, EOS, NEVER = 2, 3, -1
 # (direct calls, recorded loops, the rule's products) of each variant.
@@ -61,19 +62,6 @@ VARIANTS = {
     "other products": (True, True, False),
     "none (Keras eager)": (False, False, True),
 }
-
-
-@contextlib.contextmanager
-def other_products():
-    """While inside, float32 products through the library the package's
-    rule (`products.onednn_preferred`) does not pick on this CPU."""
-    preferred = products.onednn_preferred
-    flipped = not preferred()
-    products.onednn_preferred = lambda: flipped
-    try:
-        yield
-    finally:
-        products.onednn_preferred = preferred
 
 
 def variant(model, fn, inputs, direct, loops):

@@ -497,11 +497,7 @@ def test_mirrored_strategy_over_two_devices_matches_one_device(tmp_path):
     reason="MultiWorkerMirroredStrategy is the TensorFlow backend's engine",
 )
 def test_two_workers_on_localhost_train_together_to_identical_weights(tmp_path):
-    ports = []
-    for _ in range(2):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            ports.append(str(probe.getsockname()[1]))
+    ports = free_ports(2)
     workers = [
         run(tmp_path / f"worker{i}", 6, 3, tmp_path / f"worker{i}.npz",
             "--worker", str(i), "--ports", ",".join(ports), wait=False)
@@ -515,6 +511,16 @@ def test_two_workers_on_localhost_train_together_to_identical_weights(tmp_path):
     assert int(first["step"]) == int(second["step"]) == 6
     for a, b in zip(weights(first), weights(second)):
         np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def free_ports(count):
+    """Ports on 127.0.0.1 that nothing listens on now, as strings."""
+    ports = []
+    for _ in range(count):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            ports.append(str(probe.getsockname()[1]))
+    return ports
 
 
 LEAST = """
@@ -535,11 +541,7 @@ print(distribution.processes, distribution.least(value))
 )
 def test_two_workers_agree_on_the_least_of_their_steps():
     """What workers resuming together agree on: the newest step both have."""
-    ports = []
-    for _ in range(2):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            ports.append(str(probe.getsockname()[1]))
+    ports = free_ports(2)
     workers = [
         subprocess.Popen([sys.executable, "-c", LEAST, str(i), ",".join(ports), str(value)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
