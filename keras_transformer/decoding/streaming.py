@@ -199,12 +199,13 @@ def _write_stream(translator, numbered, name, window, first, progress, output):
         progress.start(0)
     texts = (decode_line(raw, name, number) for number, raw in numbered)
     translated = 0
-    target = sys.stdout.buffer if output in (None, "-") else None
+    # Text to sys.stdout (which a caller may have replaced), bytes to a device.
+    target = sys.stdout if output in (None, "-") else None
     try:
         if target is None:
-            target = open(output, "wb")
+            target = open(output, "w", encoding="utf-8")
         for _, translations in translated_windows(translator, texts, window, first):
-            target.write("".join(_one_line(line) for line in translations).encode("utf-8"))
+            target.write("".join(_one_line(line) for line in translations))
             target.flush()
             translated += len(translations)
             if progress is not None:
@@ -212,7 +213,7 @@ def _write_stream(translator, numbered, name, window, first, progress, output):
     except OSError as error:
         raise CannotWrite("<stdout>" if output in (None, "-") else output, error) from None
     finally:
-        if target is not None and target is not sys.stdout.buffer:
+        if target is not None and target is not sys.stdout:
             with contextlib.suppress(OSError):
                 target.close()
     if progress is not None:
