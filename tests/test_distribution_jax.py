@@ -5,91 +5,43 @@ Two `keras-transformer train` processes on 127.0.0.1, joined by
 JAX_PROCESS_ID), train one model, each feeding its own half of every global
 batch. They end with identical weights and optimizer state, and log the
 losses of one process training on the whole batches. Like the two TensorFlow
-workers of test_training.py, each writes its own model directory.
+workers of test_distribution_tensorflow.py, each writes its own model
+directory.
 """
 
-import contextlib
 import json
 import os
-import re
-import signal
-import socket
 import subprocess
-import sys
-import time
 
 import keras
 import numpy as np
 import pytest
-
+from process_runs import STEPS
+from process_runs import assert_same_checkpoints
+from process_runs import corpus  # noqa: F401 (a fixture)
+from process_runs import kill_one_then_resume_both
+from process_runs import start_two
+from process_runs import train
+from process_runs import wait_for_all
 
 pytestmark = pytest.mark.skipif(
     keras.backend.backend() != "jax",
     reason="jax.distributed across processes is the JAX backend's engine; runs in the JAX pass",
 )
 
-STEPS = 4
-
-
-def command(*args):
-    return [sys.executable, "-m", "keras_transformer", *map(str, args)]
-
 
 def environment(**extra):
     return dict(os.environ, KERAS_BACKEND="jax", **extra)
 
 
-def free_port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    """A toy task (reverse six words), prepared once for every process:
-    with a 320-piece vocabulary every word is one piece."""
-    rng = np.random.default_rng(0)
-    words = ["".join(rng.choice(list("abcdefghij"), size=rng.integers(2, 5))) for _ in range(20)]
-    directory = tmp_path_factory.mktemp("corpus")
-    for split, size in (("train", 300), ("valid", 12)):
-        sources = [" ".join(rng.choice(words, 6)) for _ in range(size)]
-        targets = [" ".join(reversed(source.split())) for source in sources]
-        for side, lines in (("en", sources), ("de", targets)):
-            (directory / f"{split}.{side}").write_text("".join(line + "\n" for line in lines))
-    prepared = subprocess.run(
-        command("prepare", "--source", directory / "train.en", "--target", directory / "train.de",
-                "--output", directory / "prepared", "--vocabulary-size", 320),
-        env=environment(), capture_output=True, text=True, timeout=300,
+def processes_of_one_run(ports, index):
+    port = ports[0]
+    return environment(
+        JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+        JAX_COORDINATOR_BIND_ADDRESS=f"127.0.0.1:{port}",  # not every interface
+        JAX_NUM_PROCESSES="2",
+        JAX_PROCESS_ID=str(index),
     )
-    assert prepared.returncode == 0, prepared.stderr[-3000:]
-    return directory
-
-
-def train(corpus, model_dir):
-    return command(
-        "train", "--train-data", corpus / "prepared",
-        "--valid-source", corpus / "valid.en", "--valid-target", corpus / "valid.de",
-        "--model-dir", model_dir, "--preset", "tiny", "--num-layers", 1,
-        "--tokens-per-batch", 512, "--max-tokens", 16, "--warmup-steps", 20,
-        "--train-steps", STEPS, "--checkpoint-every", 2, "--average", 2,
-        "--valid-bleu-sentences", 2, "--beam-size", 1,
-    )
-
-
-def wait_for_all(processes, timeout):
-    """Waits for processes that must all succeed; if one fails, the others
-    (waiting for it in a collective) are stopped."""
-    deadline = time.time() + timeout
-    while any(p.poll() is None for p in processes):
-        if any(p.returncode not in (None, 0) for p in processes) or time.time() > deadline:
-            for p in processes:
-                if p.poll() is None:
-                    p.kill()
-            break
-        time.sleep(0.2)
-    for p in processes:
-        p.wait()
 
 
 def final_state(model_dir):
@@ -112,23 +64,9 @@ def losses(model_dir):
 
 
 def test_two_processes_on_localhost_train_one_model_to_identical_weights(corpus, tmp_path):
-    port = free_port()
-    processes, logs = [], []
-    for i in range(2):
-        # Files, not pipes: a full pipe would stall one process, and with it the other.
-        logs.append((tmp_path / f"process{i}.out", tmp_path / f"process{i}.err"))
-        with open(logs[i][0], "w") as out, open(logs[i][1], "w") as err:
-            processes.append(subprocess.Popen(
-                train(corpus, tmp_path / f"process{i}"),
-                env=environment(
-                    JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
-                    JAX_COORDINATOR_BIND_ADDRESS=f"127.0.0.1:{port}",  # not every interface
-                    JAX_NUM_PROCESSES="2",
-                    JAX_PROCESS_ID=str(i),
-                ),
-                stdout=out, stderr=err,
-            ))
+    processes = start_two(corpus, tmp_path, "process", processes_of_one_run)
     wait_for_all(processes, timeout=300)
+    logs = [(tmp_path / f"process{i}.out", tmp_path / f"process{i}.err") for i in range(2)]
     for i, (process, (out, err)) in enumerate(zip(processes, logs)):
         assert process.returncode == 0, f"process {i} ({process.returncode}):\n{err.read_text()[-3000:]}"
         assert "Distribution(jax, DataParallel, replicas=2, processes=2)" in out.read_text()
@@ -156,39 +94,20 @@ def test_two_processes_on_localhost_train_one_model_to_identical_weights(corpus,
     np.testing.assert_allclose(together, single, rtol=1e-4)
 
 
-def start_two(corpus, tmp_path, name, *extra, model_dirs=None):
-    """Two processes of one run, each logging to files, each in a process
-    group of its own (the command trains in a child of the process started)."""
-    port = free_port()
-    processes = []
-    for i in range(2):
-        model_dir = model_dirs[i] if model_dirs else tmp_path / f"{name}{i}"
-        with open(tmp_path / f"{name}{i}.out", "w") as out, open(tmp_path / f"{name}{i}.err", "w") as err:
-            processes.append(subprocess.Popen(
-                train(corpus, model_dir) + [str(a) for a in extra],
-                env=environment(
-                    JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_COORDINATOR_BIND_ADDRESS=f"127.0.0.1:{port}",
-                    JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(i),
-                ),
-                stdout=out, stderr=err, start_new_session=True,
-            ))
-    return processes
-
-
 def test_processes_whose_newest_checkpoints_differ_resume_together_from_the_one_they_share(corpus, tmp_path):
     """As after a crash in which one process wrote its last checkpoint and
     the other did not: both resume from the newest step both have, the one
     ahead sets its newer checkpoint aside, and the run ends with the weights
     of an uninterrupted one."""
-    whole = start_two(corpus, tmp_path, "whole", "--train-steps", 8, "--valid-bleu-sentences", 0)
-    first = start_two(corpus, tmp_path, "first", "--train-steps", 6, "--valid-bleu-sentences", 0)
+    whole = start_two(corpus, tmp_path, "whole", processes_of_one_run, "--train-steps", 8, "--valid-bleu-sentences", 0)
+    first = start_two(corpus, tmp_path, "first", processes_of_one_run, "--train-steps", 6, "--valid-bleu-sentences", 0)
     for processes, name in ((whole, "whole"), (first, "first")):
         wait_for_all(processes, timeout=300)
         assert [p.returncode for p in processes] == [0, 0], (tmp_path / f"{name}0.err").read_text()[-3000:]
     (tmp_path / "first1" / "checkpoints" / "ckpt-00000006.keras").unlink()
 
     resumed = start_two(
-        corpus, tmp_path, "resumed", "--train-steps", 8, "--valid-bleu-sentences", 0, "--resume",
+        corpus, tmp_path, "resumed", processes_of_one_run, "--train-steps", 8, "--valid-bleu-sentences", 0, "--resume",
         model_dirs=[tmp_path / "first0", tmp_path / "first1"],
     )
     wait_for_all(resumed, timeout=300)
@@ -201,32 +120,14 @@ def test_processes_whose_newest_checkpoints_differ_resume_together_from_the_one_
     ).read_text()
     assert (tmp_path / "first0" / "checkpoints" / ".ahead-ckpt-00000006.keras").exists()
     for i in range(2):
-        got = keras.saving.load_model(tmp_path / f"first{i}" / "checkpoints" / "ckpt-00000008.keras")
-        want = keras.saving.load_model(tmp_path / f"whole{i}" / "checkpoints" / "ckpt-00000008.keras")
-        for a, b in zip(got.get_weights() + got.optimizer.variables, want.get_weights() + want.optimizer.variables,
-                        strict=True):
-            np.testing.assert_allclose(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b), rtol=1e-5, atol=1e-6)
+        assert_same_checkpoints(
+            tmp_path / f"first{i}" / "checkpoints" / "ckpt-00000008.keras",
+            tmp_path / f"whole{i}" / "checkpoints" / "ckpt-00000008.keras",
+        )
 
 
-def test_a_lost_process_ends_the_other_with_one_error_line(corpus, tmp_path):
-    processes = start_two(corpus, tmp_path, "lost", "--train-steps", 400, "--valid-bleu-sentences", 0)
-    fourth = tmp_path / "lost1" / "checkpoints" / "ckpt-00000004.keras"
-    deadline = time.time() + 300
-    while not fourth.exists() and time.time() < deadline and processes[1].poll() is None:
-        time.sleep(0.01)
-    os.killpg(processes[1].pid, signal.SIGKILL)  # the machine gone: the command and its child
-    lost_at = time.time()
-    try:
-        processes[0].wait(timeout=240)
-    finally:
-        for process in processes:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
+def test_a_lost_process_ends_the_other_with_one_error_line_and_both_resume_to_the_uninterrupted_weights(
+    corpus, tmp_path
+):
     # JAX's coordination service gives up on a process after 100 s without heartbeats.
-    assert time.time() - lost_at < 150 and processes[0].returncode == 1
-    err = (tmp_path / "lost0.err").read_text()
-    errors = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, err[-3000:]
-    assert "Traceback" not in err and "Terminating process" not in err, err[-3000:]
-    assert re.search(r"training stopped: (process 1|another process) stopped answering.*newest checkpoint is at step \d+", errors[0])
-    assert f"keras-transformer train --resume --model-dir {tmp_path / 'lost0'}" in errors[0]
+    kill_one_then_resume_both(corpus, tmp_path, processes_of_one_run, within=150)

@@ -1,5 +1,5 @@
-"""One process of a JAX run of several, watched by a parent that says, in one
-line, how it ended when another process was lost.
+"""One process of a run of several: when another process is lost, it ends
+with one line that says so, and how to resume.
 
 When a process of a `jax.distributed` run dies, the others wait in their
 next collective until JAX's coordination service misses its heartbeats
@@ -12,6 +12,11 @@ here, the command that resumes) and exits with status 1; the child's
 lines from the fatal one on are shown with `--verbose` only. A collective
 that fails in Python instead ("Connection closed by peer") ends the child
 the same way, with one `error:` line of its own (`lost_process_error`).
+
+TensorFlow's workers need no parent: when one stops sending heartbeats
+(about 10 s), TensorFlow's coordination service aborts the others'
+collectives with an error that Python sees, which each worker turns into
+the same line. Tracebacks are for `--verbose`.
 """
 
 import os
@@ -19,9 +24,11 @@ import re
 import signal
 import subprocess
 import sys
+import traceback
 
 from keras_transformer.training.checkpoints import checkpoint_step
 from keras_transformer.training.checkpoints import list_checkpoints
+from keras_transformer.training.distribution import _tensorflow_cluster
 
 # Set in the child's environment: it trains, and is not supervised again.
 CHILD = "KERAS_TRANSFORMER_SUPERVISED_CHILD"
@@ -47,14 +54,18 @@ def train(config, resume, log):
     try:
         return train_translator(config, resume=resume, log=log)
     except Exception as error:
-        cause = lost_process_error(error) if os.environ.get(CHILD) else None
-        if cause is None:
+        several = os.environ.get(CHILD) or len(_tensorflow_cluster().get("worker", [])) > 1
+        loss = lost_process_error(error) if several else None
+        if loss is None:
             raise
         from keras_transformer.environment import stop_filtering_stderr
 
         stop_filtering_stderr()
-        print(f"error: {describe_loss([], config.model_dir, cause)}", file=sys.stderr, flush=True)
-        os._exit(1)  # not Python's exit: JAX's shutdown would wait for the lost process
+        if verbose_requested():
+            traceback.print_exc()
+        lost, cause = loss
+        print(f"error: {describe_loss(lost, config.model_dir, cause)}", file=sys.stderr, flush=True)
+        os._exit(1)  # not Python's exit: the backend's shutdown would wait for the lost process
 
 
 def _end_with_parent():
@@ -142,12 +153,17 @@ def describe_loss(lost, model_dir, cause=None):
 
 
 def lost_process_error(error):
-    """The first line of `error`, or of the error it was raised from, if it
-    is a collective that failed because another process is gone (raised
-    by JAX, or passed on by Keras as another type); else None."""
+    """`(lost, cause)` if `error`, or the error it was raised from, is a
+    collective that failed because another process is gone (raised by JAX
+    or TensorFlow, or passed on by Keras as another type): the lost
+    processes' numbers where the error names them, and the error's first
+    line where it does not; else None."""
     while error is not None:
         text = str(error).strip()
+        unhealthy = re.search(r"tasks are unhealthy[^:]*:\s*((?:/job:worker/replica:\d+/task:\d+\s*)+)", text)
+        if unhealthy:
+            return sorted({int(task) for task in re.findall(r"task:(\d+)", unhealthy.group(1))}), None
         if re.search(r"Connection closed by peer|Gloo \w+ failed", text):
-            return text.splitlines()[0][:200]
+            return [], text.splitlines()[0][:200]
         error = error.__cause__ or error.__context__
     return None

@@ -1,5 +1,6 @@
 """Training as in the paper, around plain `model.fit`."""
 
+import contextlib
 import os
 import threading
 
@@ -247,7 +248,11 @@ def fit(
     keep_checkpoints = check_count("keep_checkpoints", keep_checkpoints)
     checkpoint_dir = os.path.join(model_dir, "checkpoints")
     check_writable(checkpoint_dir)
-    restored = restore_latest(model, checkpoint_dir)
+    # Under a TensorFlow strategy the checkpoint's variables must be the
+    # strategy's too, or the restored model would train on one device.
+    strategy = getattr(model, "distribute_strategy", None)
+    with strategy.scope() if strategy is not None else contextlib.nullcontext():
+        restored = restore_latest(model, checkpoint_dir)
     if restored is not None:
         model = restored
     done = int(keras.ops.convert_to_numpy(model.optimizer.iterations))

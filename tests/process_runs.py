@@ -1,0 +1,147 @@
+"""Two `keras-transformer train` processes of one run on 127.0.0.1, as on two
+machines: the corpus they train on, their start, and the test of one of them
+killed mid-run (test_distribution_jax.py, test_distribution_tensorflow.py)."""
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import keras
+import numpy as np
+import pytest
+
+STEPS = 4
+
+
+def command(*args):
+    return [sys.executable, "-m", "keras_transformer", *map(str, args)]
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A toy task (reverse six words), prepared once for every process:
+    with a 320-piece vocabulary every word is one piece."""
+    rng = np.random.default_rng(0)
+    words = ["".join(rng.choice(list("abcdefghij"), size=rng.integers(2, 5))) for _ in range(20)]
+    directory = tmp_path_factory.mktemp("corpus")
+    for split, size in (("train", 300), ("valid", 12)):
+        sources = [" ".join(rng.choice(words, 6)) for _ in range(size)]
+        targets = [" ".join(reversed(source.split())) for source in sources]
+        for side, lines in (("en", sources), ("de", targets)):
+            (directory / f"{split}.{side}").write_text("".join(line + "\n" for line in lines))
+    prepared = subprocess.run(
+        command("prepare", "--source", directory / "train.en", "--target", directory / "train.de",
+                "--output", directory / "prepared", "--vocabulary-size", 320),
+        env=dict(os.environ, KERAS_BACKEND=keras.backend.backend()), capture_output=True, text=True, timeout=300,
+    )
+    assert prepared.returncode == 0, prepared.stderr[-3000:]
+    return directory
+
+
+def train(corpus, model_dir):
+    return command(
+        "train", "--train-data", corpus / "prepared",
+        "--valid-source", corpus / "valid.en", "--valid-target", corpus / "valid.de",
+        "--model-dir", model_dir, "--preset", "tiny", "--num-layers", 1,
+        "--tokens-per-batch", 512, "--max-tokens", 16, "--warmup-steps", 20,
+        "--train-steps", STEPS, "--checkpoint-every", 2, "--average", 2,
+        "--valid-bleu-sentences", 2, "--beam-size", 1,
+    )
+
+
+def wait_for_all(processes, timeout):
+    """Waits for processes that must all succeed; if one fails, the others
+    (waiting for it in a collective) are stopped."""
+    deadline = time.time() + timeout
+    while any(p.poll() is None for p in processes):
+        if any(p.returncode not in (None, 0) for p in processes) or time.time() > deadline:
+            for p in processes:
+                if p.poll() is None:
+                    p.kill()
+            break
+        time.sleep(0.2)
+    for p in processes:
+        p.wait()
+
+
+def start_two(corpus, tmp_path, name, environments, *extra, model_dirs=None):
+    """Two processes of one run, process i in `environments(ports, i)`, each
+    logging to files (a full pipe would stall one, and with it the other)
+    and in a process group of its own (a JAX process trains in a child)."""
+    ports = [free_port(), free_port()]
+    processes = []
+    for i in range(2):
+        model_dir = model_dirs[i] if model_dirs else tmp_path / f"{name}{i}"
+        with open(tmp_path / f"{name}{i}.out", "w") as out, open(tmp_path / f"{name}{i}.err", "w") as err:
+            processes.append(subprocess.Popen(
+                train(corpus, model_dir) + [str(a) for a in extra],
+                env=environments(ports, i), stdout=out, stderr=err, start_new_session=True,
+            ))
+    return processes
+
+
+def assert_same_checkpoints(got, want):
+    got, want = keras.saving.load_model(got), keras.saving.load_model(want)
+    for a, b in zip(got.get_weights() + got.optimizer.variables, want.get_weights() + want.optimizer.variables,
+                    strict=True):
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b), rtol=1e-5, atol=1e-6)
+
+
+def kill_one_then_resume_both(corpus, tmp_path, environments, within):
+    """Process 1 (the command and its child, as when its machine is gone) is
+    killed at a random step; process 0 must stop within `within` seconds
+    with one `error:` line and no traceback; both, started again with
+    --resume, must end with the weights of a run that was never
+    interrupted."""
+    steps = ["--train-steps", 12, "--valid-bleu-sentences", 0]
+    processes = start_two(corpus, tmp_path, "lost", environments, *steps)
+    started = time.time()
+    kill_after = int(np.random.default_rng().choice([4, 6, 8]))
+    written = tmp_path / "lost1" / "checkpoints" / f"ckpt-{kill_after:08d}.keras"
+    deadline = time.time() + 300
+    while not written.exists() and time.time() < deadline and processes[1].poll() is None:
+        time.sleep(0.01)
+    os.killpg(processes[1].pid, signal.SIGKILL)
+    lost_at = time.time()
+    try:
+        processes[0].wait(timeout=within + 60)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        for process in processes:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+    err = (tmp_path / "lost0.err").read_text()
+    stopped = time.time() - lost_at
+    assert stopped < within and processes[0].returncode == 1, (kill_after, lost_at - started, stopped, err[-3000:])
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, err[-3000:]
+    assert "Traceback" not in err and "Terminating process" not in err, err[-3000:]
+    assert re.search(
+        r"training stopped: (process 1|another process) stopped answering.*newest checkpoint is at step \d+", errors[0]
+    ), errors[0]
+    assert f"keras-transformer train --resume --model-dir {tmp_path / 'lost0'}" in errors[0]
+
+    whole = start_two(corpus, tmp_path, "whole", environments, *steps)
+    wait_for_all(whole, timeout=300)
+    resumed = start_two(corpus, tmp_path, "resumed", environments, *steps, "--resume",
+                        model_dirs=[tmp_path / "lost0", tmp_path / "lost1"])
+    wait_for_all(resumed, timeout=300)
+    for started, name in ((whole, "whole"), (resumed, "resumed")):
+        assert [p.returncode for p in started] == [0, 0], (tmp_path / f"{name}0.err").read_text()[-3000:]
+    for i in range(2):
+        assert_same_checkpoints(
+            tmp_path / f"lost{i}" / "checkpoints" / "ckpt-00000012.keras",
+            tmp_path / f"whole{i}" / "checkpoints" / "ckpt-00000012.keras",
+        )
