@@ -60,15 +60,29 @@ the sentences at their own lengths ("without padding"); target tokens
 are the real ones. `--size tiny` with
 `--steps 1 --rounds 1` is the smoke test's seconds-long run.
 
-`--profile` then traces one more turn of each contender (under JAX the
-Keras ones; under torch every one, `torch.profiler`) and
-prints the GPU's kernel time by kind (matmuls, fused attention, the rest
-of XLA's fusions, scatters, copies), the kernels that took longest, and the
-GPU's idle time with the host's work in its longest gaps (`device_trace.py`).
-Under JAX it also sums the time of XLA's operations per part of the model
-(attention, layer norm, dropout, loss, Adam, ..., forward and backward:
-`xla_parts.py`, from the optimized modules XLA writes for it), on a GPU
-or, on a CPU, in thread-seconds.
+`--profile` then traces one more turn of each contender and prints where
+its time went. Under JAX (the Keras contenders) and torch (every one,
+`torch.profiler`): the GPU's kernel time by kind (matmuls, fused
+attention, the rest of XLA's fusions, scatters, copies), the kernels that
+took longest, and the GPU's idle time with the host's work in its longest
+gaps; under JAX also the time of XLA's operations per part of the model
+(attention, layer norm, dropout, loss, Adam, ..., forward and backward,
+from the optimized modules XLA writes for it), on a GPU or, on a CPU, in
+thread-seconds. Under TensorFlow (the Keras contenders, `tf.profiler`):
+the thread-seconds a step of its operations by part (matmuls, Adam, loss,
+layer norm, dropout, the rest) on the CPU:
+
+    KERAS_BACKEND=tensorflow python benchmarks/training_speed.py --size base --contenders --steps 4 --rounds 2 --profile
+
+`--plot` trains nothing: it draws the training ratios of the reports in
+`--results` (this tool's `cpu_<backend>_small_float32.json` and
+`cpu_tensorflow_base_float32.json`, `precision.py`'s
+`precision_<backend>.json`, `input_pipeline.py --bucketing`'s
+`bucketing_tensorflow.json`) as one PNG, each bar with its target;
+`--prefer SUFFIX` reads `<name>_SUFFIX.json` in place of `<name>.json`
+where it exists (repeatable, first wins):
+
+    python benchmarks/training_speed.py --plot --prefer zen5 --out benchmarks/results/cpu_ratios.png
 """
 
 import argparse
@@ -105,6 +119,7 @@ SIZES = {
 }
 DROPOUT = 0.1
 LABEL_SMOOTHING = 0.1
+HERE = os.path.dirname(os.path.abspath(__file__))
 WARMUP_STEPS = 4000
 FIRST_ID = 4  # ids below are padding and special tokens
 
@@ -143,7 +158,8 @@ build_transformer, compile_model = import_package()
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-from fit_timing import StepTimes  # noqa: E402
+from _support import other_products  # noqa: E402
+from _support import step_times  # noqa: E402
 
 
 def matmul_flops(num_layers, d_model, vocabulary_size, batch_size, length, source_length=None, **_):
@@ -326,7 +342,7 @@ class KerasContender:
             return self._train(steps)
 
     def _train(self, steps):
-        timer = StepTimes()
+        timer = step_times()
         if self.arrays is not None:
             batch_size = len(self.batches[0][1])
             inputs, labels = self.arrays
@@ -617,21 +633,6 @@ def build_contenders(args, size, batches, skipped):
 
 
 @contextlib.contextmanager
-def other_products():
-    """While inside, our float32 products through the library the package's
-    rule (`products.onednn_preferred`) does not pick on this CPU."""
-    from keras_transformer.backend import products
-
-    preferred = products.onednn_preferred
-    flipped = not preferred()
-    products.onednn_preferred = lambda: flipped
-    try:
-        yield
-    finally:
-        products.onednn_preferred = preferred
-
-
-@contextlib.contextmanager
 def data_parallel_scope(enabled):
     """The backend's data-parallel engine over every device, when asked:
     `keras.distribution.DataParallel` under JAX, `MirroredStrategy` under
@@ -737,12 +738,11 @@ def run(args):
             if peak_bytes is not None:
                 result["peak_memory_bytes"] = max(result["peak_memory_bytes"] or 0, peak_bytes)
 
-    if args.profile:
-        profile_turns(args, order, results)
-
     # Per turn: the padded batches' FLOPs (what the device computes), their
     # sentences' own (padding left out), and the target tokens (labels).
     flops, real_flops = map(sum, zip(*(batch_flops(size, *batch) for batch in batches)))
+    if args.profile:
+        profile_turns(args, order, results, flops / args.steps)
     target_tokens = sum(int((labels != 0).sum()) for _, labels in batches)
     padded_tokens = sum(labels.size for _, labels in batches)
     for name, result in results.items():
@@ -790,48 +790,76 @@ def run(args):
     }
 
 
-def profile_turns(args, contenders, results):
-    """One more turn of each contender under a profiler: the GPU's kernel
-    time by kind, beside the turn's wall time (`device_trace`). Under JAX,
-    the Keras contenders (JAX's profiler); under torch, all of them."""
+def profile_turns(args, contenders, results, flops_per_step):
+    """One more turn of each contender under a profiler. Under JAX (the
+    Keras contenders) and torch (all of them): the GPU's kernel time by
+    kind and its idle gaps, beside the turn's wall time; under JAX also
+    XLA's operations by part of the model. Under TensorFlow (the Keras
+    contenders): its operations by part of the model, in thread-seconds on
+    the CPU."""
     import tempfile
 
-    import device_trace
+    import _support
 
-    under_torch = keras.backend.backend() == "torch"
+    backend = keras.backend.backend()
     for contender in contenders:
-        if contender.name == "torch" and not under_torch:
+        if contender.name == "torch" and backend != "torch":
             continue
         directory = tempfile.mkdtemp(prefix=f"trace_{contender.name}_")
         contender.train(1)
+        result = results[contender.name]
         try:
-            if under_torch:
-                with device_trace.torch_traced() as profiler:
+            if backend == "tensorflow":
+                import tensorflow as tf
+
+                tf.profiler.experimental.start(directory)
+                try:
+                    contender.train(args.steps)
+                finally:
+                    tf.profiler.experimental.stop()
+            elif backend == "torch":
+                with _support.torch_traced() as profiler:
                     seconds = contender.train(args.steps)
-                summary = device_trace.torch_kernel_time(profiler)
+                summary = _support.torch_kernel_time(profiler)
             else:
-                with device_trace.traced(directory):
+                with _support.jax_traced(directory):
                     seconds = contender.train(args.steps)
-                summary = device_trace.kernel_time(directory)
+                summary = _support.jax_kernel_time(directory)
         except Exception as error:  # a profiler that fails costs the trace, not the figures
-            results[contender.name]["device_trace"] = {"error": f"{type(error).__name__}: {error}"}
+            result["device_trace"] = {"error": f"{type(error).__name__}: {error}"}
             print(f"\n{contender.name}: no trace ({type(error).__name__}: {error})")
             continue
-        results[contender.name]["device_trace"] = summary and summary | {"wall_seconds": seconds}
         print(f"\n{contender.name}, one traced turn of {args.steps} steps:")
-        print("no GPU kernels in the trace" if summary is None else device_trace.markdown(summary, seconds, args.steps))
+        if backend == "tensorflow":
+            result["tensorflow_parts"] = parts = _support.tensorflow_parts(directory, args.steps)
+            print(tensorflow_parts_markdown(parts, flops_per_step))
+            continue
+        result["device_trace"] = summary and summary | {"wall_seconds": seconds}
+        print("no GPU kernels in the trace" if summary is None else _support.kernel_markdown(summary, seconds, args.steps))
         if args.dump:
-            import xla_parts
-
-            times, programs = device_trace.operation_time(directory)
-            found = xla_parts.module_of(times, xla_parts.operations(args.dump), programs)
-            results[contender.name]["xla_parts"] = parts = xla_parts.by_part(times, found)
+            times, programs = _support.jax_operation_time(directory)
+            found = _support.module_of(times, _support.xla_operations(args.dump), programs)
+            result["xla_parts"] = parts = _support.by_part(times, found)
             # Time in operations the module names: what the table can place.
             named = sum(seconds for operation, seconds in times.items() if operation in found)
             where = "on the GPU" if summary is not None else "thread-seconds on the CPU"
             print(f"\nXLA's operations by part of the model ({where}; {named / (sum(times.values()) or 1):.0%} "
                   "of their time in operations the optimized module names):")
-            print(xla_parts.markdown(parts, args.steps))
+            print(_support.parts_markdown(parts, args.steps))
+
+
+def tensorflow_parts_markdown(parts, flops_per_step):
+    """TensorFlow's thread-seconds a step by part, and the rate of the
+    matmuls while they run."""
+    total = sum(parts.values())
+    if not total:
+        return "no TensorFlow operations on the CPU's compute threads in the trace"
+    lines = ["| part of the step | thread-s per step | share |", "| --- | ---: | ---: |"]
+    lines += [f"| {part} | {seconds:.4f} | {seconds / total:.0%} |" for part, seconds in parts.items()]
+    lines.append(f"| all | {total:.4f} | |")
+    if parts.get("matmuls"):
+        lines.append(f"\nmatmuls: {flops_per_step / parts['matmuls'] / 1e9:.0f} GFLOP/s per thread while they run")
+    return "\n".join(lines)
 
 
 def corpus_note(args):
@@ -894,6 +922,21 @@ def markdown_table(report):
     return "\n".join(lines)
 
 
+def plot(args, parser):
+    """`--plot`: the ratios of the reports in `args.results` as one PNG."""
+    from _support import collect_ratios
+    from _support import plot_ratios
+
+    bars = collect_ratios(args.results, args.prefer)
+    if not bars:
+        parser.error(f"no benchmark results in {args.results}")
+    out = args.out or os.path.join(HERE, "results", "cpu_ratios.png")
+    plot_ratios(bars, out, args.title)
+    for label, value, target in bars:
+        print(f"{label}: {value:.2f}" + ("" if target is None else f" (target {target})"))
+    print(f"wrote {out}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="small",
@@ -924,9 +967,19 @@ def main():
     parser.add_argument("--corpus-vocabulary", type=int, default=8000,
                         help="with --corpus: the BPE vocabulary learned from it, which sets the lengths")
     parser.add_argument("--profile", action="store_true",
-                        help="then one traced turn per contender (JAX: the Keras ones), its GPU kernel time by kind")
-    parser.add_argument("--out", help="where to write the JSON report")
+                        help="then one traced turn per contender: the GPU's kernels (JAX, torch), the time by part "
+                        "of the model (JAX, TensorFlow)")
+    parser.add_argument("--out", help="where to write the JSON report (with --plot: the PNG)")
+    parser.add_argument("--plot", action="store_true",
+                        help="train nothing: draw the ratios of the reports in --results as one PNG")
+    parser.add_argument("--results", default=os.path.join(HERE, "results"), help="with --plot: the reports' folder")
+    parser.add_argument("--prefer", action="append", default=[], metavar="SUFFIX",
+                        help="with --plot: read <name>_SUFFIX.json where it exists (repeatable, first wins)")
+    parser.add_argument("--title", default="Training speed on this project's 2-core CPU", help="with --plot")
     args = parser.parse_args()
+    if args.plot:
+        plot(args, parser)
+        return
     if args.steps < 1 or args.rounds < 1:
         parser.error(f"--steps and --rounds must be >= 1. Received: {args.steps}, {args.rounds}")
     if args.batch_size is not None and args.batch_size < 1:
@@ -943,18 +996,16 @@ def main():
     ):
         parser.error(f"--steps-per-execution must be >= 1 and divide --steps ({args.steps}). "
                      f"Received: {args.steps_per_execution}")
-    if args.profile and keras.backend.backend() not in ("jax", "torch"):
-        parser.error(f"--profile reads JAX's or torch's trace; the backend is {keras.backend.backend()}")
     args.jit_compile = {"auto": "auto", "true": True, "false": False}[args.jit_compile]
     args.dump = None
     if args.profile and keras.backend.backend() == "jax":
         import tempfile
 
-        import xla_parts
+        from _support import xla_dump_flags
 
         # Read when JAX starts its first device, which nothing has yet.
         args.dump = tempfile.mkdtemp(prefix="xla_modules_")
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {xla_parts.dump_flags(args.dump)}".strip()
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {xla_dump_flags(args.dump)}".strip()
     report = run(args)
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -1,5 +1,6 @@
-"""The training-speed benchmark: one tiny step end to end, and contenders of
-the same size as our model."""
+"""The training-speed benchmark: one tiny step end to end, contenders of the
+same size as our model, its profiles and its plot, and the trace readers it
+takes from `benchmarks/_support.py`."""
 
 import importlib.util
 import json
@@ -14,11 +15,17 @@ from conftest import in_one_pass, torch_operations
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "training_speed.py")
 
 
-def load_benchmark():
-    # The script imports its sibling `fit_timing`, as a script run from
-    # `benchmarks/` would find it.
+def load_support():
+    """`benchmarks/_support.py`, as a tool run from `benchmarks/` finds it."""
     if os.path.dirname(SCRIPT) not in sys.path:
         sys.path.insert(0, os.path.dirname(SCRIPT))
+    import _support
+
+    return _support
+
+
+def load_benchmark():
+    load_support()  # the tool imports its sibling `_support`
     spec = importlib.util.spec_from_file_location("training_speed", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -78,9 +85,8 @@ def test_ours_jit_runs_beside_ours_with_jit_compile_set_apart(tmp_path):
 def test_ours_other_products_take_the_library_the_rule_does_not_pick():
     from keras_transformer.backend import products
 
-    benchmark = load_benchmark()
     chosen = products.onednn_preferred()
-    with benchmark.other_products():
+    with load_support().other_products():
         assert products.onednn_preferred() is (not chosen)
     assert products.onednn_preferred() is chosen
 
@@ -106,22 +112,24 @@ def test_contenders_have_our_size():
 
 
 @in_one_pass("tensorflow", "reads TensorFlow's profiler trace")
-def test_profile_step_sums_the_traced_operations_by_part():
-    script = os.path.join(os.path.dirname(SCRIPT), "profile_step.py")
+def test_a_profiled_tensorflow_turn_sums_its_operations_by_part(tmp_path):
+    out = tmp_path / "speed.json"
     result = subprocess.run(
-        [sys.executable, script, "--size", "tiny", "--steps", "2", "--rounds", "1", "--profile"],
+        [sys.executable, SCRIPT, "--size", "tiny", "--steps", "2", "--rounds", "1", "--settle", "0",
+         "--contenders", "--profile", "--out", str(out)],
         env=dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3"),
         capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    parts = json.loads(out.read_text())["contenders"]["ours"]["tensorflow_parts"]
+    assert parts["matmuls"] > 0 and parts["Adam update"] > 0
     rows = {}
     for line in result.stdout.splitlines():
         cells = [cell.strip() for cell in line.strip("|").split("|")]
         if len(cells) == 3 and cells[1].replace(".", "").isdigit():
             rows[cells[0]] = float(cells[1])
-    assert rows["matmuls"] > 0 and rows["Adam update"] > 0
-    parts = sum(value for part, value in rows.items() if part != "all")
-    assert rows["all"] == pytest.approx(parts, abs=0.01 * len(rows))
+    assert rows["matmuls"] == pytest.approx(parts["matmuls"], abs=1e-4)
+    assert rows["all"] == pytest.approx(sum(parts.values()), abs=1e-4 * len(parts))
 
 
 @in_one_pass("jax", "the corpus's batching and the report's arithmetic, the same under every backend")
@@ -159,35 +167,17 @@ def test_a_corpus_makes_bucketed_batches_whose_padding_the_report_leaves_out(tmp
 
 
 def test_the_device_trace_sorts_kernels_by_kind_and_splits_idle_time():
-    sys.path.insert(0, os.path.dirname(SCRIPT))
-    import device_trace
-
-    assert device_trace.kind_of("nvjet_sm90_tst_256x128") == "matmul"
-    assert device_trace.kind_of("cudnn_generated_fort_native_sdpa_sm90_flash_bprop") == "fused attention (cuDNN)"
-    assert device_trace.kind_of("input_scatter_fusion") == "scatter (embedding gradients)"
-    assert device_trace.kind_of("loop_add_fusion_11") == "other XLA fusions"
+    support = load_support()
+    assert support.kind_of("nvjet_sm90_tst_256x128") == "matmul"
+    assert support.kind_of("cudnn_generated_fort_native_sdpa_sm90_flash_bprop") == "fused attention (cuDNN)"
+    assert support.kind_of("input_scatter_fusion") == "scatter (embedding gradients)"
+    assert support.kind_of("loop_add_fusion_11") == "other XLA fusions"
     # Two kernels overlap, then a 2 us gap, then a 1 ms one (a wait on the host).
     spans = [(0, 10, "a"), (5, 20, "b"), (22, 40, "c"), (1_000_040, 1_000_050, "d")]
-    idle = device_trace.idle_gaps(spans, long_ns=500_000)
+    idle = support.idle_gaps(spans, long_ns=500_000)
     assert idle["seconds"] == pytest.approx((2 + 1_000_000) / 1e9)
     assert idle["long_gaps"] == 1 and idle["long_seconds"] == pytest.approx(1e-3)
     assert idle["around"] == [("c -> d", pytest.approx(1e-3))]
-
-
-@pytest.mark.skipif(keras.backend.backend() != "jax", reason="the attention benchmark times JAX's implementations")
-def test_attention_speed_times_both_implementations_per_length_and_mask(tmp_path):
-    out = tmp_path / "attention.json"
-    result = subprocess.run(
-        [sys.executable, os.path.join(os.path.dirname(SCRIPT), "attention_speed.py"),
-         "--lengths", "4", "8", "--tokens", "32", "--repeats", "1", "--json", str(out)],
-        env=dict(os.environ, KERAS_BACKEND="jax"), capture_output=True, text=True, timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    rows = json.loads(out.read_text())["rows"]
-    assert [(row["length"], row["mask"]) for row in rows] == [
-        (4, "padding"), (4, "padding and causal"), (8, "padding"), (8, "padding and causal")
-    ]
-    assert all(row["chosen"] == "xla" and row["chosen_seconds"] > 0 and row["xla_seconds"] > 0 for row in rows)
 
 
 @pytest.mark.skipif(keras.backend.backend() != "torch", reason="counts the operations a torch step launches")
@@ -243,30 +233,28 @@ ENTRY %main.9 (Arg_0.1: f32[4,8]) -> f32[4,8] {
 
 
 def test_xla_s_operations_are_summed_by_the_part_of_the_model_they_came_from(tmp_path):
-    sys.path.insert(0, os.path.dirname(SCRIPT))
-    import xla_parts
-
+    support = load_support()
     (tmp_path / "module_0042.jit_train_step.sm_9.0_gpu_after_optimizations.txt").write_text(OPTIMIZED_MODULE)
-    modules = xla_parts.operations(str(tmp_path))
+    modules = support.xla_operations(str(tmp_path))
     assert set(modules) == {42}
     found = modules[42]
     assert found["query_fusion"][1:] == (True, False)  # a product, forward
     assert found["multiply_convert_fusion"][1:] == (False, True)  # backward
     times = {"query_fusion": 0.004, "norm_fusion": 0.002, "multiply_convert_fusion": 0.003, "copy.7": 0.001,
              "fusion.from_another_module": 0.005}
-    parts = xla_parts.by_part(times, found)
+    parts = support.by_part(times, found)
     assert parts["attention projections"] == {"forward": 0.004, "backward": 0.0, "matmul": 0.004}
     assert parts["layer norm"] == {"forward": 0.0, "backward": 0.002, "matmul": 0.0}
     assert parts["loss and metrics"] == {"forward": 0.0, "backward": 0.003, "matmul": 0.0}
-    assert parts[xla_parts.OTHER]["forward"] == pytest.approx(0.006)
-    assert list(parts)[0] == xla_parts.OTHER  # the most time first
-    assert "| attention projections | 2.00 | 0.00 | 2.00 | 27% |" in xla_parts.markdown(parts, steps=2)
+    assert parts[support.OTHER_PART]["forward"] == pytest.approx(0.006)
+    assert list(parts)[0] == support.OTHER_PART  # the most time first
+    assert "| attention projections | 2.00 | 0.00 | 2.00 | 27% |" in support.parts_markdown(parts, steps=2)
     # The module a trace ran: the one it names, else the one naming most of its time.
-    assert xla_parts.module_of(times, {7: {}, 42: found}, programs=[7]) == {}
-    assert xla_parts.module_of(times, {7: {}, 42: found}) is found
+    assert support.module_of(times, {7: {}, 42: found}, programs=[7]) == {}
+    assert support.module_of(times, {7: {}, 42: found}) is found
 
 
-@pytest.mark.skipif(keras.backend.backend() != "jax", reason="the parts come from XLA's optimized modules, which only JAX's step is here; TensorFlow's parts are profile_step.py's (tested above)")
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="the parts come from XLA's optimized modules, which only JAX's step is here; TensorFlow's parts are tested above")
 def test_a_profiled_jax_turn_reports_its_time_by_part_of_the_model(tmp_path):
     out = tmp_path / "speed.json"
     result = subprocess.run(
@@ -283,3 +271,50 @@ def test_a_profiled_jax_turn_reports_its_time_by_part_of_the_model(tmp_path):
     # Products in the backward pass (each layer's two gradients), none in Adam's.
     assert parts["feed-forward"]["backward"] > 0 and parts["feed-forward"]["matmul"] > 0
     assert parts["Adam update"]["matmul"] == 0
+
+
+@in_one_pass("torch", "reads JSON reports and draws a PNG, the same under every backend")
+def test_the_plot_draws_each_ratio_found(tmp_path):
+    (tmp_path / "bucketing_tensorflow.json").write_text(json.dumps({"bucketed/padded": 1.7}))
+    (tmp_path / "precision_jax.json").write_text(json.dumps({"mixed_bfloat16/float32": 0.8}))
+    (tmp_path / "cpu_torch_small_float32.json").write_text(json.dumps({"ratios": {"ours/keras_hub": 1.25}}))
+    out = tmp_path / "ratios.png"
+    result = run_plot("--results", str(tmp_path), "--out", str(out))
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    lines = result.stdout.splitlines()
+    drawn = [line for line in lines if ": reading " not in line and not line.startswith("wrote")]
+    # In display order: training, then precision, then batching.
+    assert drawn == [
+        "ours / keras-hub, small fp32, torch: 1.25 (target 1.0)",
+        "mixed_bfloat16 / float32, Multi30k, jax: 0.80 (target 1.5)",
+        "bucketed / padded batches, Multi30k, tensorflow: 1.70 (target 1.3)",
+    ]
+
+
+@in_one_pass("torch", "reads JSON reports and draws a PNG, the same under every backend")
+def test_the_plot_prefers_the_named_runs(tmp_path):
+    (tmp_path / "precision_jax.json").write_text(json.dumps({"mixed_bfloat16/float32": 0.8}))
+    (tmp_path / "precision_jax_new.json").write_text(json.dumps({"mixed_bfloat16/float32": 1.1}))
+    (tmp_path / "precision_tensorflow.json").write_text(json.dumps({"mixed_bfloat16/float32": 1.2}))
+    out = tmp_path / "ratios.png"
+    result = run_plot("--results", str(tmp_path), "--out", str(out), "--prefer", "new")
+    assert "mixed_bfloat16 / float32, Multi30k, jax: 1.10 (target 1.5)" in result.stdout
+    assert "precision_jax.json: reading precision_jax_new.json" in result.stdout
+    # Without a preferred run, the plain report is read.
+    assert "mixed_bfloat16 / float32, Multi30k, tensorflow: 1.20 (target 1.5)" in result.stdout
+    # And a folder without reports is an error, not an empty picture.
+    (tmp_path / "empty").mkdir()
+    empty = run_plot("--results", str(tmp_path / "empty"), "--out", str(tmp_path / "empty.png"), check=False)
+    assert empty.returncode == 2 and "no benchmark results in" in empty.stderr
+    assert not (tmp_path / "empty.png").exists()
+
+
+def run_plot(*arguments, check=True):
+    result = subprocess.run(
+        [sys.executable, SCRIPT, "--plot", *arguments],
+        env=dict(os.environ, KERAS_BACKEND=keras.backend.backend(), TF_CPP_MIN_LOG_LEVEL="3"),
+        capture_output=True, text=True, timeout=300,
+    )
+    if check:
+        assert result.returncode == 0, result.stderr[-3000:]
+    return result
