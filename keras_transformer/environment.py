@@ -21,7 +21,7 @@ Keras and its backend are imported:
   back when they are freed, so every `[B, T, V]` tensor of a step
   page-faulted its whole size in again; on a virtual machine, where a
   fault costs microseconds, the small model trained 1.22x faster under
-  TensorFlow with a fifth of the system time (`benchmarks/heap.py`). A
+  TensorFlow with a fifth of the system time (a timing in git history). A
   process whose allocator the user has chosen (`LD_PRELOAD`,
   `GLIBC_TUNABLES` or a `MALLOC_*` variable) keeps it;
 - quiet output: TensorFlow's, XLA's and SentencePiece's C++ log lines (CUDA
@@ -102,7 +102,7 @@ def check_backend(backend=None):
         raise BackendError(
             f"KERAS_BACKEND={backend} needs the {package!r} package, which is "
             f"not installed. Install it with the package's extra: "
-            f'pip install "keras-transformer[{backend}]" (or, in a clone, '
+            f'pip install "keras-vaswani[{backend}]" (or, in a clone, '
             f'pip install -e ".[{backend}]").'
         )
     return backend

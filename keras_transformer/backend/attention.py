@@ -94,7 +94,8 @@ def zero_where_no_key(attended, mask, decoding=None):
 # Below this many queries or keys, XLA's attention ran faster than cuDNN's
 # fused kernel on an H200 (bfloat16, 8 heads of 64, forward and backward, at
 # 25,000 positions a batch: XLA 2.3-3.4x faster at 16-32, 1.1-1.2x at 64;
-# cuDNN 1.2x faster at 128 and 1.4-1.5x at 256; benchmarks/attention_speed.py).
+# cuDNN 1.2x faster at 128 and 1.4-1.5x at 256; a timing of the two kernels
+# alone, in git history, not among the benchmarks kept).
 CUDNN_MIN_LENGTH = 128
 
 
