@@ -175,7 +175,7 @@ def export(args):
     except ImportError as error:
         raise ValueError(
             f"export writes a TensorFlow SavedModel for TF Serving, which needs TensorFlow and "
-            f"tensorflow-text ({error}): pip install \"keras-transformer[export]\". A model "
+            f"tensorflow-text ({error}): pip install \"keras-vaswani[export]\". A model "
             "trained under JAX or PyTorch exports as it is."
         ) from None
     from keras_transformer.export import export_new_version

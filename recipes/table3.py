@@ -46,8 +46,8 @@ try:
 except ImportError as error:  # an unknown backend, or one not installed
     sys.exit(f"error: {error}")
 
-# Multi30k's task 1 text: github.com/multi30k/dataset, data/task1/raw, unzipped.
-DATA_DIR = "multi30k"
+# Multi30k's task 1 text, as the Multi30k recipe reads it: gzipped or not.
+from multi30k_en_de import DATA_DIR, data_file  # noqa: E402
 TABLE_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "table3.md")
 
 # The scaled-down base model: Table 3's "base" row.
@@ -80,7 +80,7 @@ SMOKE_ROWS = ["base", "E"]
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", default=DATA_DIR, help="holds train and val .en/.de, as in github.com/multi30k/dataset's data/task1/raw, unzipped (default: multi30k)")
+    parser.add_argument("--data-dir", default=DATA_DIR, help="holds train and val .en/.de, as in github.com/multi30k/dataset's data/task1/raw, gzipped as it comes or not (default: multi30k)")
     parser.add_argument("--out", default=os.path.join("runs", "table3"), help="a directory per row")
     parser.add_argument("--table", default=TABLE_FILE, help="where the markdown table goes")
     parser.add_argument("--rows", nargs="+", choices=list(ROWS), help="default: all")
@@ -99,7 +99,7 @@ def row_config(args, row, vocabulary):
     from keras_transformer.training import TrainingConfig
 
     changes, label_smoothing = ROWS[row]
-    data = lambda split, language: os.path.join(args.data_dir, f"{split}.{language}")  # noqa: E731
+    data = lambda split, language: data_file(args.data_dir, split, language)  # noqa: E731
     config = TrainingConfig(
         model_dir=os.path.join(args.out, row.replace(" ", "_").replace("=", "")),
         train_source=[data("train", "en")],
@@ -142,7 +142,7 @@ def shared_vocabulary(args, log):
 
     directory = os.path.join(args.out, "vocabulary")
     if not os.path.isfile(os.path.join(directory, MODEL_FILE)):
-        train = read_parallel_text(os.path.join(args.data_dir, "train.en"), os.path.join(args.data_dir, "train.de"))
+        train = read_parallel_text(data_file(args.data_dir, "train", "en"), data_file(args.data_dir, "train", "de"))
         size = row_config(args, "base", None).vocabulary_size
         SubwordTokenizer.train(train, size, seed=args.seed).save(directory)
         log(f"vocabulary: {size} shared BPE pieces in {directory}")
@@ -278,7 +278,7 @@ def main(argv=None):
 
     rows = args.rows or (SMOKE_ROWS if args.smoke else DEFAULT_ROWS)
     try:
-        valid = read_parallel_text(os.path.join(args.data_dir, "val.en"), os.path.join(args.data_dir, "val.de"))
+        valid = read_parallel_text(data_file(args.data_dir, "val", "en"), data_file(args.data_dir, "val", "de"))
     except (ValueError, FileNotFoundError) as error:
         sys.exit(f"error: {error}")
     if args.smoke:

@@ -50,6 +50,9 @@ def parse_args(argv=None, defaults=EN_DE, description=__doc__):
     parser.add_argument("--dropout", type=float, default=defaults["dropout"], help="P_drop (default: the preset's)")
     parser.add_argument("--warmup-steps", type=int, default=4000)
     parser.add_argument("--checkpoint-every", type=int, default=1000)
+    parser.add_argument("--keep-checkpoints", type=int, help="checkpoints kept on disk, at least --average (default: --average's)")
+    parser.add_argument("--log-every", type=int, default=100, help="a progress line every N steps")
+    parser.add_argument("--buckets", type=int, help="at most N batch lengths, fitted to the corpus (8 suits a GPU)")
     parser.add_argument("--average", type=int, default=defaults["average"], help="checkpoints to average")
     parser.add_argument("--max-tokens", type=int, default=256, help="subword tokens per sequence")
     parser.add_argument("--valid-size", type=int, help="validate on the first N pairs only")
@@ -96,6 +99,9 @@ def configuration(args, files):
         warmup_steps=args.warmup_steps,
         train_steps=args.train_steps,
         checkpoint_every=args.checkpoint_every,
+        keep_checkpoints=args.keep_checkpoints,
+        log_every=args.log_every,
+        buckets=args.buckets,
         average=args.average,
         valid_bleu_sentences=min(500, args.valid_size or 500),
         beam_size=args.beam_size,

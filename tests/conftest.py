@@ -73,6 +73,22 @@ needs_multi30k = pytest.mark.skipif(
     not os.path.isdir(MULTI30K), reason="../shared/data/multi30k is not beside this clone"
 )
 
+
+
+def upstream_multi30k(directory):
+    """A copy of Multi30k laid out as github.com/multi30k/dataset's
+    data/task1/raw comes: gzipped, the test set named test_2016_flickr."""
+    import gzip
+
+    raw = directory / "task1" / "raw"
+    raw.mkdir(parents=True)
+    for split, upstream in (("train", "train"), ("val", "val"), ("test2016", "test_2016_flickr")):
+        for language in ("en", "de"):
+            with open(os.path.join(MULTI30K, f"{split}.{language}"), "rb") as file:
+                (raw / f"{upstream}.{language}.gz").write_bytes(gzip.compress(file.read()))
+    return raw
+
+
 PTB_SAMPLE = os.path.join(SHARED_DATA, "ptb_wsj_sample")
 # The treebank sample's licence keeps it out of the project; the parsing
 # code itself is tested on hand-written trees wherever the suite runs.

@@ -1,5 +1,6 @@
-"""Every shell block in the README and the docs either runs in a test or says
-why it does not (a GPU, data or hours the suite does not have, Docker)."""
+"""Every shell and Python block in the README and the docs either runs in a
+test or says why it does not (a GPU, data or hours the suite does not have,
+Docker, a download)."""
 
 import pathlib
 import re
@@ -21,25 +22,45 @@ TESTED = {
     ("saved_models/README.md", "python saved_models/translate_file.py"): "test_export.py::test_translate_file_serves_a_file_as_the_translator_translates_it",
 }
 
+PYTHON_TESTED = {
+    ("README.md", "model.fit("): "test_docs_python.py::test_the_model_block_builds_the_base_model_and_fits_a_step",
+    ("docs/guide.md", "model.fit("): "test_docs_python.py::test_the_model_block_builds_the_base_model_and_fits_a_step",
+    ("README.md", 'kt.Translator.load("runs/quickstart")'): "test_readme.py::test_the_readme_python_examples_return_what_they_show",
+    ("docs/decoding.md", 'kt.Translator.load("runs/quickstart")'): "test_docs_python.py::test_the_decoding_guide_shows_the_readme_translator_block",
+    ("docs/decoding.md", "model.decode_step("): "test_docs_python.py::test_the_decoding_blocks_run_on_a_tiny_model",
+    ("docs/decoding.md", "kt.decoding.beam_search("): "test_docs_python.py::test_the_decoding_blocks_run_on_a_tiny_model",
+    ("docs/data.md", "make_dataset("): "test_docs_python.py::test_the_data_and_training_blocks_train_on_their_files",
+    ("docs/training.md", "training.Distribution()"): "test_docs_python.py::test_the_data_and_training_blocks_train_on_their_files",
+    ("docs/guide.md", "attention_window=10"): "test_table3_options.py::test_the_guide_example_prints_what_it_shows",
+    ("saved_models/README.md", "export_new_version(translator"): "test_export.py::test_the_export_guide_blocks_export_and_serve_without_the_package",
+    ("saved_models/README.md", 'tf.saved_model.load("saved_models/quickstart/1")'): "test_export.py::test_the_export_guide_blocks_export_and_serve_without_the_package",
+}
 
-def shell_blocks():
+
+def blocks(language):
     for name in DOCS:
-        for block in re.findall(r"```bash\n(.*?)```", (ROOT / name).read_text(), re.S):
+        for block in re.findall(rf"```{language}\n(.*?)```", (ROOT / name).read_text(), re.S):
             yield name, block
 
 
-@pytest.mark.parametrize("name, block", list(shell_blocks()), ids=lambda value: str(value)[:40])
-def test_a_shell_block_runs_in_a_test_or_says_why_not(name, block):
-    tested = [test for (where, line), test in TESTED.items() if where == name and line in block]
+@pytest.mark.parametrize(
+    "language, name, block",
+    [("bash", *b) for b in blocks("bash")] + [("python", *b) for b in blocks("python")],
+    ids=lambda value: str(value)[:40],
+)
+def test_a_block_runs_in_a_test_or_says_why_not(language, name, block):
+    named = TESTED if language == "bash" else PYTHON_TESTED
+    tested = [test for (where, line), test in named.items() if where == name and line in block]
     first = block.strip().splitlines()[0]
     assert tested or MARKER.match(first), (
-        f"{name}: a shell block that no test runs must begin with '# not run by the tests: <why>':\n{block}"
+        f"{name}: a {language} block that no test runs must begin with '# not run by the tests: <why>':\n{block}"
     )
 
 
-def test_the_tests_named_for_blocks_exist_and_their_blocks_too():
-    blocks = list(shell_blocks())
-    for (name, line), test in TESTED.items():
-        assert any(where == name and line in block for where, block in blocks), (name, line)
+@pytest.mark.parametrize("language, named", [("bash", TESTED), ("python", PYTHON_TESTED)])
+def test_the_tests_named_for_blocks_exist_and_their_blocks_too(language, named):
+    found = list(blocks(language))
+    for (name, line), test in named.items():
+        assert any(where == name and line in block for where, block in found), (name, line)
         module, function = test.split("::")
         assert f"def {function}(" in (ROOT / "tests" / module).read_text(), test

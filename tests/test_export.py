@@ -349,3 +349,25 @@ def test_translate_file_serves_a_file_as_the_translator_translates_it(exported, 
     # One translation per "\n"-ended line; an untrained model's output may hold
     # other line breaks (form feeds, from byte pieces).
     assert (tmp_path / "served.de").read_text().split("\n") == [*translator.translate(lines), ""]
+
+
+@in_one_pass("tensorflow", "saved_models/README.md's Python blocks; each backend's export is tested in every pass")
+def test_the_export_guide_blocks_export_and_serve_without_the_package(translator, tmp_path, monkeypatch):
+    from test_docs_python import python_block, run, smaller
+
+    monkeypatch.chdir(tmp_path)
+    block = smaller(
+        python_block("saved_models/README.md", "export_new_version(translator"),
+        {'"/tmp/translator/1"': repr(str(tmp_path / "translator" / "1"))},
+    )
+    run(block, translator=translator)
+    assert (tmp_path / "saved_models" / "quickstart" / "1" / "saved_model.pb").is_file()
+    assert (tmp_path / "translator" / "1" / "saved_model.pb").is_file()
+    # "No keras-transformer needed": a fresh process that imports TensorFlow only.
+    served = subprocess.run(
+        [sys.executable, "-c", python_block("saved_models/README.md", "tf.saved_model.load(")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    assert served.returncode == 0, served.stderr[-2000:]
+    expected = translator.translate(["The old man sees the dog."])[0]
+    assert repr(expected.encode("utf-8")) in served.stdout

@@ -38,6 +38,24 @@ def test_ci_runs_the_readme_test_command():
     assert (ROOT / "recipes" / "quickstart.py").is_file()
 
 
+def test_the_readme_names_the_distribution_that_pyproject_builds():
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    first_screen = README.split("## ")[0]
+    assert README.startswith(f"# {project['name']}\n")
+    assert f"`{project['name']}` distribution, imported as `keras_transformer`" in first_screen
+    assert project["scripts"]["keras-transformer"] == "keras_transformer.cli:main"
+    # PyPI's keras-transformer is someone else's: no doc installs it by name,
+    # and every install by name, in the docs or an error line, is ours.
+    texts = [README, *(path.read_text() for path in (ROOT / "docs").glob("*.md"))]
+    texts += [path.read_text() for path in (ROOT / "keras_transformer").rglob("*.py")]
+    for text in texts:
+        assert not re.search(r"pip install \S*keras[-_]transformer", text)
+        for named in re.findall(r"pip install \"?([a-z-]+)\[", text):
+            assert named == project["name"], named
+
+
 def code_blocks(language):
     return re.findall(rf"```{language}\n(.*?)```", README, re.S)
 

@@ -13,7 +13,7 @@ import pytest
 
 import keras_transformer as kt
 
-from conftest import MULTI30K, PTB_SAMPLE, WMT14, in_one_pass, needs_multi30k, needs_ptb_sample, needs_wmt14
+from conftest import PTB_SAMPLE, WMT14, in_one_pass, needs_multi30k, needs_ptb_sample, needs_wmt14, upstream_multi30k
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -39,8 +39,12 @@ def test_wmt14_recipe_runs_offline_and_refuses_a_used_model_dir(tmp_path):
         "--vocabulary-size", "2000", "--checkpoint-every", "2", "--average", "2",
         "--valid-size", "16", "--test-size", "8", "--model-dir", tmp_path / "run",
     ]
-    first = run_wmt14(*common, "--train-steps", "2")
+    # The options the GPU guide gives: fitted batch lengths, logging, kept checkpoints.
+    first = run_wmt14(*common, "--train-steps", "2", "--buckets", "2", "--log-every", "1", "--keep-checkpoints", "3")
     assert first.returncode == 0, first.stderr[-3000:]
+    assert "step 1/2 |" in first.stdout
+    saved = json.loads((tmp_path / "run" / "train_config.json").read_text())
+    assert (saved["buckets"], saved["log_every"], saved["keep_checkpoints"]) == (2, 1, 3)
     assert "sacrebleu signature: nrefs:1|case:mixed|eff:no|tok:13a" in first.stdout
     assert (tmp_path / "run" / "test_bleu.txt").read_text().startswith("BLEU = ")
     assert (tmp_path / "run" / "train_config.json").is_file()
@@ -86,9 +90,11 @@ TABLE3_RECIPE = os.path.join(ROOT, "recipes", "table3.py")
 @in_one_pass("tensorflow", "the recipe's rows and table; the options it varies are tested under every backend")
 @needs_multi30k
 def test_table3_recipe_smoke_mode_writes_a_table_of_its_rows(tmp_path):
+    raw = upstream_multi30k(tmp_path)  # as the upstream download comes: gzipped
+
     def run(table):
         return subprocess.run(
-            [sys.executable, TABLE3_RECIPE, "--smoke", "--data-dir", MULTI30K,
+            [sys.executable, TABLE3_RECIPE, "--smoke", "--data-dir", raw,
              "--out", str(tmp_path / "runs"), "--table", str(tmp_path / table)],
             env=dict(os.environ, KERAS_BACKEND=keras.backend.backend()),
             capture_output=True, text=True, timeout=900,

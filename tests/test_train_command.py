@@ -20,7 +20,7 @@ import pytest
 import keras_transformer as kt
 from keras_transformer.training import TrainingConfig
 
-from conftest import MULTI30K, needs_multi30k, in_one_pass
+from conftest import in_one_pass, needs_multi30k, upstream_multi30k
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -294,14 +294,7 @@ def test_a_bad_argument_exits_without_a_traceback(files, tmp_path):
 def test_multi30k_recipe_smoke_mode_trains_and_scores_test2016(tmp_path):
     """From Multi30k laid out as github.com/multi30k/dataset's data/task1/raw
     comes: gzipped, the test set named test_2016_flickr."""
-    import gzip
-
-    raw = tmp_path / "task1" / "raw"
-    raw.mkdir(parents=True)
-    for split, upstream in (("train", "train"), ("val", "val"), ("test2016", "test_2016_flickr")):
-        for language in ("en", "de"):
-            with open(os.path.join(MULTI30K, f"{split}.{language}"), "rb") as file:
-                (raw / f"{upstream}.{language}.gz").write_bytes(gzip.compress(file.read()))
+    raw = upstream_multi30k(tmp_path)
     result = subprocess.run(
         [sys.executable, os.path.join(ROOT, "recipes", "multi30k_en_de.py"), "--smoke",
          "--direction", "de-en", "--data-dir", raw, "--model-dir", tmp_path / "run"],

@@ -10,6 +10,7 @@ import types
 import keras
 import pytest
 
+from keras_transformer import training as kt_training
 from keras_transformer.data import builtin_corpus
 
 pytestmark = pytest.mark.skipif(
@@ -105,6 +106,21 @@ def test_train_and_resume_without_tensorflow(trained):
     assert (model_dir / "model.keras").is_file()
 
 
+def test_train_writes_its_curves_without_tensorflow(trained):
+    _, model_dir, first, resumed = trained
+    # No TensorBoard logs without TensorFlow; the curves are CSV and JSON lines.
+    assert not (model_dir / "logs").exists()
+    curve = kt_training.read_curve(model_dir / "train_curve.csv")
+    assert [row["step"] for row in curve] == [1, 2, 3, 4]
+    shown = [float(line.split("loss ")[1].split()[0]) for line in (first.stdout + resumed.stdout).splitlines()
+             if line.startswith("step ") and "loss " in line]
+    assert [round(row["loss"], 3) for row in curve] == shown
+    assert all(row["learning_rate"] > 0 and row["target_tokens_per_second"] > 0 for row in curve)
+    history = kt_training.read_history(model_dir / "history.jsonl")
+    assert [record["step"] for record in history] == [2, 4]
+    assert all(record["val_loss"] > 0 for record in history)
+
+
 def test_translate_evaluate_and_plot_without_tensorflow(trained):
     directory, model_dir, _, _ = trained
     sources = builtin_corpus("test", size=3).sources
@@ -129,7 +145,7 @@ def test_export_says_what_to_install(trained):
     assert exported.returncode == 1
     assert exported.stderr.strip().splitlines() == [exported.stderr.strip().splitlines()[-1]]
     assert exported.stderr.startswith("error: export writes a TensorFlow SavedModel")
-    assert 'pip install "keras-transformer[export]"' in exported.stderr
+    assert 'pip install "keras-vaswani[export]"' in exported.stderr
 
 
 def test_the_tensorflow_backend_names_its_extra_when_tensorflow_is_missing(tmp_path):
@@ -140,4 +156,4 @@ def test_the_tensorflow_backend_names_its_extra_when_tensorflow_is_missing(tmp_p
     )
     assert result.returncode == 2  # as for an unknown backend (test_environment)
     assert result.stderr.strip().startswith("error: KERAS_BACKEND=tensorflow needs the 'tensorflow' package")
-    assert 'pip install "keras-transformer[tensorflow]"' in result.stderr
+    assert 'pip install "keras-vaswani[tensorflow]"' in result.stderr

@@ -62,7 +62,7 @@ def download(hub_id):
     except ImportError:
         raise ConversionError(
             f"{hub_id!r} is not a directory here, and downloading it needs huggingface_hub "
-            '(pip install "keras-transformer[convert]").'
+            '(pip install "keras-vaswani[convert]").'
         ) from None
     try:
         return snapshot_download(

@@ -22,6 +22,7 @@ def make_dataset(
     bucket_step=1.1,
     buckets=None,
     token_alignment=TOKEN_ALIGNMENT,
+    shard=(0, 1),
 ):
     """Batches of sentence pairs sized by token count, for `model.fit`.
 
@@ -51,6 +52,9 @@ def make_dataset(
         token_alignment: a full batch holds up to 1/32 fewer pairs to make
             its tokens a multiple of a power of two up to this (64: what
             XLA pads products to on a GPU); 1 turns that off.
+        shard: `(index, count)`: this process's share of each batch's
+            rows, when several processes train one model
+            (`training.Distribution().data_shard`).
 
     Returns:
         A `TokenBatches` (a `keras.utils.PyDataset`) of
@@ -70,6 +74,7 @@ def make_dataset(
         bucket_step=bucket_step,
         buckets=buckets,
         token_alignment=token_alignment,
+        shard=shard,
     )
 
 

@@ -13,6 +13,8 @@ from keras_transformer.training.checkpoints import restore_latest
 from keras_transformer.training.distribution import Distribution
 from keras_transformer.training.progress import ProgressLog
 from keras_transformer.training.progress import ValidationBLEU
+from keras_transformer.training.progress import read_curve
+from keras_transformer.training.progress import read_history
 from keras_transformer.training.config import TrainingConfig
 from keras_transformer.training.run import train_translator
 from keras_transformer.training.trainer import StopAtStep
@@ -33,6 +35,8 @@ __all__ = [
     "compile_model",
     "fit",
     "list_checkpoints",
+    "read_curve",
+    "read_history",
     "restore_latest",
     "train_translator",
     "use_compilation_cache",

@@ -16,6 +16,8 @@ from keras_transformer.models.config import ModelConfig
 
 CONFIG_FILE = "train_config.json"
 HISTORY_FILE = "history.jsonl"
+# The training curve, a row per log line, readable without TensorFlow.
+CURVE_FILE = "train_curve.csv"
 # Where `train` prepares the training text it is given, once per run.
 PREPARED_DIR = "data"
 

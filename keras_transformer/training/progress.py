@@ -1,5 +1,6 @@
 """What a long run shows while it trains: log lines and validation BLEU."""
 
+import csv
 import json
 import os
 import threading
@@ -51,17 +52,23 @@ class ProgressLog(StepHook):
     the host (`StepHook`), so the steps do not wait for their logs: a line's
     time is when its step's logs were there.
 
+    With `curve_path`, each line is also a row of a CSV file (`CURVE_COLUMNS`),
+    which any backend writes and any tool reads, TensorFlow or not. A
+    resumed run first drops the rows past the step it resumed from.
+
     Args:
         train_steps: the run's total number of steps, for the ETA.
         every: a line every this many steps.
         log: where lines go, such as `print`.
+        curve_path: the CSV file of the training curve, or None.
     """
 
-    def __init__(self, train_steps, every=100, log=print):
+    def __init__(self, train_steps, every=100, log=print, curve_path=None):
         super().__init__()
         self.train_steps = train_steps
         self.every = every
         self.log = log
+        self.curve_path = curve_path
         self._turns = threading.Condition()
 
     def on_train_begin(self, logs=None):
@@ -69,6 +76,10 @@ class ProgressLog(StepHook):
         self._last_time = time.perf_counter()
         self._last_step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
         self._last_tokens = 0.0
+        if self.curve_path:
+            rows = [row for row in read_curve(self.curve_path) if row["step"] <= self._last_step]
+            lines = [",".join(CURVE_COLUMNS)] + [",".join(repr(row[c]) for c in CURVE_COLUMNS) for row in rows]
+            write_atomically(self.curve_path, "".join(line + "\n" for line in lines))
 
     def on_epoch_begin(self, epoch, logs=None):
         super().on_epoch_begin(epoch, logs)
@@ -94,15 +105,39 @@ class ProgressLog(StepHook):
         elapsed = max(now - self._last_time, 1e-9)
         steps_per_second = (step - self._last_step) / elapsed
         tokens = float(logs.get("target_tokens", 0.0))
+        tokens_per_second = (tokens - self._last_tokens) / elapsed if "target_tokens" in logs else float("nan")
+        loss = float(logs.get("loss", float("nan")))
+        rate = current_learning_rate(self.trained.optimizer, step)
         parts = [f"step {step}/{self.train_steps}", f"{steps_per_second:.2f} steps/s"]
         if "target_tokens" in logs:
-            parts.append(f"{(tokens - self._last_tokens) / elapsed:,.0f} tok/s")
-        parts.append(f"loss {float(logs.get('loss', float('nan'))):.3f}")
-        parts.append(f"lr {current_learning_rate(self.trained.optimizer, step):.1e}")
+            parts.append(f"{tokens_per_second:,.0f} tok/s")
+        parts += [f"loss {loss:.3f}", f"lr {rate:.1e}"]
         if steps_per_second > 0 and step < self.train_steps:
             parts.append(f"ETA {format_duration((self.train_steps - step) / steps_per_second)}")
         self.log(" | ".join(parts))
+        if self.curve_path:
+            with open(self.curve_path, "a") as curve:
+                row = (step, loss, rate, steps_per_second, tokens_per_second)
+                curve.write(",".join(repr(value) for value in row) + "\n")
         self._last_time, self._last_step, self._last_tokens = now, step, tokens
+
+
+CURVE_COLUMNS = ("step", "loss", "learning_rate", "steps_per_second", "target_tokens_per_second")
+
+
+def read_curve(path):
+    """The rows of a `ProgressLog` CSV file, as dicts of numbers; a row a
+    kill left half-written is left out."""
+    if not os.path.isfile(path):
+        return []
+    rows = []
+    with open(path, newline="") as file:
+        for row in csv.DictReader(file):
+            try:
+                rows.append({"step": int(row["step"]), **{c: float(row[c]) for c in CURVE_COLUMNS[1:]}})
+            except (TypeError, ValueError):
+                continue
+    return rows
 
 
 class ValidationBLEU(keras.callbacks.Callback):

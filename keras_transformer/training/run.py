@@ -58,7 +58,7 @@ from keras_transformer.training.trainer import steps_per_execution
 from keras_transformer.training.trainer import use_compilation_cache
 
 from keras_transformer.training.config import CONFIG_FILE
-from keras_transformer.training.config import HISTORY_FILE
+from keras_transformer.training.config import CURVE_FILE, HISTORY_FILE
 from keras_transformer.training.config import PREPARED_DIR
 from keras_transformer.training.config import TrainingConfig
 
@@ -136,8 +136,9 @@ def train_translator(config, resume=False, log=print, verbose=0):
     `translate`, `evaluate`, `plot-attention` and `export` commands) reads:
     `model.keras` (the average of the last `config.average` checkpoints),
     the vocabulary and the search settings; and also `train_config.json`,
-    `checkpoints/`, `history.jsonl` (the validation curve) and `logs/`
-    (TensorBoard).
+    `checkpoints/`, `history.jsonl` (the validation curve),
+    `train_curve.csv` (the training curve) and `logs/` (TensorBoard, where
+    TensorFlow is installed).
 
     Args:
         config: a `TrainingConfig`.
@@ -207,7 +208,12 @@ def train_translator(config, resume=False, log=print, verbose=0):
 
     bleu_sources = valid.sources[: config.valid_bleu_sentences]
     bleu_references = valid.targets[: config.valid_bleu_sentences]
-    callbacks = [ProgressLog(config.train_steps, every=config.log_every, log=log)]
+    callbacks = [
+        ProgressLog(
+            config.train_steps, every=config.log_every, log=log,
+            curve_path=os.path.join(config.model_dir, CURVE_FILE),
+        )
+    ]
     greedy = Translator(
         model, tokenizer, beam_size=1, max_source_length=config.max_tokens,
         max_extra_length=config.max_extra_length,
