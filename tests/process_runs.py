@@ -98,14 +98,31 @@ def assert_same_checkpoints(got, want):
         np.testing.assert_allclose(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b), rtol=1e-5, atol=1e-6)
 
 
-def kill_one_then_resume_both(corpus, tmp_path, environments, within):
+# The run the kill test's processes resume to: `uninterrupted(...)`.
+RUN = ["--train-steps", 12, "--valid-bleu-sentences", 0]
+
+
+def uninterrupted(corpus, directory, environments):
+    """Two processes' run of `RUN`, never interrupted: their model
+    directories `directory / "whole0"` and `"whole1"`."""
+    whole = start_two(corpus, directory, "whole", environments, *RUN)
+    wait_for_all(whole, timeout=300)
+    assert [p.returncode for p in whole] == [0, 0], (directory / "whole0.err").read_text()[-3000:]
+    return directory
+
+
+def newest_step(model_dir):
+    return max(int(path.stem.split("-")[1]) for path in (model_dir / "checkpoints").glob("ckpt-*.keras"))
+
+
+def kill_one_then_resume_both(corpus, tmp_path, environments, within, whole):
     """Process 1 (the command and its child, as when its machine is gone) is
     killed at a random step; process 0 must stop within `within` seconds
-    with one `error:` line and no traceback; both, started again with
-    --resume, must end with the weights of a run that was never
-    interrupted."""
-    steps = ["--train-steps", 12, "--valid-bleu-sentences", 0]
-    processes = start_two(corpus, tmp_path, "lost", environments, *steps)
+    with one `error:` line and no traceback. Then process 1's newest
+    checkpoint goes, as when it was killed before writing it: both,
+    started again with --resume, must agree on the newest step both have,
+    and end with the weights of the run `whole` (`uninterrupted`)."""
+    processes = start_two(corpus, tmp_path, "lost", environments, *RUN)
     started = time.time()
     kill_after = int(np.random.default_rng().choice([4, 6, 8]))
     written = tmp_path / "lost1" / "checkpoints" / f"ckpt-{kill_after:08d}.keras"
@@ -133,15 +150,20 @@ def kill_one_then_resume_both(corpus, tmp_path, environments, within):
     ), errors[0]
     assert f"keras-transformer train --resume --model-dir {tmp_path / 'lost0'}" in errors[0]
 
-    whole = start_two(corpus, tmp_path, "whole", environments, *steps)
-    wait_for_all(whole, timeout=300)
-    resumed = start_two(corpus, tmp_path, "resumed", environments, *steps, "--resume",
+    (tmp_path / "lost1" / "checkpoints" / f"ckpt-{newest_step(tmp_path / 'lost1'):08d}.keras").unlink()
+    common, ahead = newest_step(tmp_path / "lost1"), newest_step(tmp_path / "lost0")
+    resumed = start_two(corpus, tmp_path, "resumed", environments, *RUN, "--resume",
                         model_dirs=[tmp_path / "lost0", tmp_path / "lost1"])
     wait_for_all(resumed, timeout=300)
-    for started, name in ((whole, "whole"), (resumed, "resumed")):
-        assert [p.returncode for p in started] == [0, 0], (tmp_path / f"{name}0.err").read_text()[-3000:]
+    assert [p.returncode for p in resumed] == [0, 0], (tmp_path / "resumed0.err").read_text()[-3000:]
+    for i in range(2):
+        assert f"resuming from ckpt-{common:08d}.keras: step {common} of 12\n" in (tmp_path / f"resumed{i}.out").read_text()
+    if ahead > common:  # process 0 wrote the checkpoint process 1 lost (it nearly always has)
+        assert f"the processes' newest common checkpoint is at step {common}: set aside ckpt-{ahead:08d}.keras" in (
+            tmp_path / "resumed0.out"
+        ).read_text()
     for i in range(2):
         assert_same_checkpoints(
             tmp_path / f"lost{i}" / "checkpoints" / "ckpt-00000012.keras",
-            tmp_path / f"whole{i}" / "checkpoints" / "ckpt-00000012.keras",
+            whole / f"whole{i}" / "checkpoints" / "ckpt-00000012.keras",
         )

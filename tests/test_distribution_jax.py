@@ -16,13 +16,11 @@ import subprocess
 import keras
 import numpy as np
 import pytest
-from process_runs import STEPS
-from process_runs import assert_same_checkpoints
+from process_runs import RUN
 from process_runs import corpus  # noqa: F401 (a fixture)
 from process_runs import kill_one_then_resume_both
-from process_runs import start_two
 from process_runs import train
-from process_runs import wait_for_all
+from process_runs import uninterrupted
 
 pytestmark = pytest.mark.skipif(
     keras.backend.backend() != "jax",
@@ -47,7 +45,7 @@ def processes_of_one_run(ports, index):
 def final_state(model_dir):
     """The last checkpoint's weights and optimizer variables, and the saved
     translator's (averaged) weights."""
-    checkpoint = keras.saving.load_model(model_dir / "checkpoints" / f"ckpt-{STEPS:08d}.keras")
+    checkpoint = keras.saving.load_model(model_dir / "checkpoints" / "ckpt-00000012.keras")
     translator = keras.saving.load_model(model_dir / "model.keras")
     return {
         "step": int(keras.ops.convert_to_numpy(checkpoint.optimizer.iterations)),
@@ -63,16 +61,17 @@ def losses(model_dir):
         return [(r["step"], r["loss"], r["val_loss"]) for r in map(json.loads, file)]
 
 
-def test_two_processes_on_localhost_train_one_model_to_identical_weights(corpus, tmp_path):
-    processes = start_two(corpus, tmp_path, "process", processes_of_one_run)
-    wait_for_all(processes, timeout=300)
-    logs = [(tmp_path / f"process{i}.out", tmp_path / f"process{i}.err") for i in range(2)]
-    for i, (process, (out, err)) in enumerate(zip(processes, logs)):
-        assert process.returncode == 0, f"process {i} ({process.returncode}):\n{err.read_text()[-3000:]}"
-        assert "Distribution(jax, DataParallel, replicas=2, processes=2)" in out.read_text()
+@pytest.fixture(scope="module")
+def whole(corpus, tmp_path_factory):
+    return uninterrupted(corpus, tmp_path_factory.mktemp("whole"), processes_of_one_run)
 
-    first, second = final_state(tmp_path / "process0"), final_state(tmp_path / "process1")
-    assert first["step"] == second["step"] == STEPS
+
+def test_two_processes_on_localhost_train_one_model_to_identical_weights(corpus, whole, tmp_path):
+    for i in range(2):
+        assert "Distribution(jax, DataParallel, replicas=2, processes=2)" in (whole / f"whole{i}.out").read_text()
+
+    first, second = final_state(whole / "whole0"), final_state(whole / "whole1")
+    assert first["step"] == second["step"] == 12
     for key in ("weights", "optimizer", "translator"):
         for a, b in zip(first[key], second[key], strict=True):
             np.testing.assert_array_equal(a, b)
@@ -85,49 +84,18 @@ def test_two_processes_on_localhost_train_one_model_to_identical_weights(corpus,
     # The two halves make the global batch: one process training on it
     # alone logs the same losses.
     alone = subprocess.run(
-        train(corpus, tmp_path / "alone"), env=environment(), capture_output=True, text=True, timeout=300
+        train(corpus, tmp_path / "alone") + [str(a) for a in RUN], env=environment(), capture_output=True, text=True,
+        timeout=300,
     )
     assert alone.returncode == 0, alone.stderr[-3000:]
     assert "Distribution(jax, single device, replicas=1)" in alone.stdout
-    together, single = losses(tmp_path / "process0"), losses(tmp_path / "alone")
-    assert [step for step, *_ in together] == [step for step, *_ in single] == [2, 4]
+    together, single = losses(whole / "whole0"), losses(tmp_path / "alone")
+    assert [step for step, *_ in together] == [step for step, *_ in single] == [2, 4, 6, 8, 10, 12]
     np.testing.assert_allclose(together, single, rtol=1e-4)
 
 
-def test_processes_whose_newest_checkpoints_differ_resume_together_from_the_one_they_share(corpus, tmp_path):
-    """As after a crash in which one process wrote its last checkpoint and
-    the other did not: both resume from the newest step both have, the one
-    ahead sets its newer checkpoint aside, and the run ends with the weights
-    of an uninterrupted one."""
-    whole = start_two(corpus, tmp_path, "whole", processes_of_one_run, "--train-steps", 8, "--valid-bleu-sentences", 0)
-    first = start_two(corpus, tmp_path, "first", processes_of_one_run, "--train-steps", 6, "--valid-bleu-sentences", 0)
-    for processes, name in ((whole, "whole"), (first, "first")):
-        wait_for_all(processes, timeout=300)
-        assert [p.returncode for p in processes] == [0, 0], (tmp_path / f"{name}0.err").read_text()[-3000:]
-    (tmp_path / "first1" / "checkpoints" / "ckpt-00000006.keras").unlink()
-
-    resumed = start_two(
-        corpus, tmp_path, "resumed", processes_of_one_run, "--train-steps", 8, "--valid-bleu-sentences", 0, "--resume",
-        model_dirs=[tmp_path / "first0", tmp_path / "first1"],
-    )
-    wait_for_all(resumed, timeout=300)
-    assert [p.returncode for p in resumed] == [0, 0], (tmp_path / "resumed0.err").read_text()[-3000:]
-    for i in range(2):
-        out = (tmp_path / f"resumed{i}.out").read_text()
-        assert "resuming from ckpt-00000004.keras: step 4 of 8\n" in out, out
-    assert "the processes' newest common checkpoint is at step 4: set aside ckpt-00000006.keras" in (
-        tmp_path / "resumed0.out"
-    ).read_text()
-    assert (tmp_path / "first0" / "checkpoints" / ".ahead-ckpt-00000006.keras").exists()
-    for i in range(2):
-        assert_same_checkpoints(
-            tmp_path / f"first{i}" / "checkpoints" / "ckpt-00000008.keras",
-            tmp_path / f"whole{i}" / "checkpoints" / "ckpt-00000008.keras",
-        )
-
-
 def test_a_lost_process_ends_the_other_with_one_error_line_and_both_resume_to_the_uninterrupted_weights(
-    corpus, tmp_path
+    corpus, tmp_path, whole
 ):
     # JAX's coordination service gives up on a process after 100 s without heartbeats.
-    kill_one_then_resume_both(corpus, tmp_path, processes_of_one_run, within=150)
+    kill_one_then_resume_both(corpus, tmp_path, processes_of_one_run, within=150, whole=whole)
