@@ -88,7 +88,7 @@ def test_a_backend_that_is_not_installed_names_the_extra(monkeypatch):
         environment.importlib.util, "find_spec",
         lambda name, *a: None if name == "jax" else real_find_spec(name, *a),
     )
-    with pytest.raises(environment.BackendError, match=r'needs the .jax. package.*pip install "keras-transformer\[jax\]"'):
+    with pytest.raises(environment.BackendError, match=r'needs the .jax. package.*pip install "keras-vaswani\[jax\]"'):
         environment.check_backend("jax")
     assert environment.check_backend("tensorflow") == "tensorflow"
 
