@@ -75,6 +75,25 @@ needs_multi30k = pytest.mark.skipif(
 
 
 
+def write_reversal_files(directory, gzip_train=False):
+    """Parallel files of a toy task (reverse six words): train (300 pairs)
+    and valid (12) `.en`/`.de`, the training set gzipped if asked. With a
+    320-piece vocabulary every word is one piece."""
+    import gzip
+
+    rng = np.random.default_rng(0)
+    words = ["".join(rng.choice(list("abcdefghij"), size=rng.integers(2, 5))) for _ in range(20)]
+    for split, size in (("train", 300), ("valid", 12)):
+        sources = [" ".join(rng.choice(words, 6)) for _ in range(size)]
+        targets = [" ".join(reversed(source.split())) for source in sources]
+        for side, lines in (("en", sources), ("de", targets)):
+            text = "".join(line + "\n" for line in lines).encode()
+            if split == "train" and gzip_train:
+                (directory / f"{split}.{side}.gz").write_bytes(gzip.compress(text))
+            else:
+                (directory / f"{split}.{side}").write_bytes(text)
+    return directory
+
 def upstream_multi30k(directory):
     """A copy of Multi30k laid out as github.com/multi30k/dataset's
     data/task1/raw comes: gzipped, the test set named test_2016_flickr."""

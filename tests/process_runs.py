@@ -14,6 +14,7 @@ import time
 import keras
 import numpy as np
 import pytest
+from conftest import write_reversal_files
 
 STEPS = 4
 
@@ -32,14 +33,7 @@ def free_port():
 def corpus(tmp_path_factory):
     """A toy task (reverse six words), prepared once for every process:
     with a 320-piece vocabulary every word is one piece."""
-    rng = np.random.default_rng(0)
-    words = ["".join(rng.choice(list("abcdefghij"), size=rng.integers(2, 5))) for _ in range(20)]
-    directory = tmp_path_factory.mktemp("corpus")
-    for split, size in (("train", 300), ("valid", 12)):
-        sources = [" ".join(rng.choice(words, 6)) for _ in range(size)]
-        targets = [" ".join(reversed(source.split())) for source in sources]
-        for side, lines in (("en", sources), ("de", targets)):
-            (directory / f"{split}.{side}").write_text("".join(line + "\n" for line in lines))
+    directory = write_reversal_files(tmp_path_factory.mktemp("corpus"))
     prepared = subprocess.run(
         command("prepare", "--source", directory / "train.en", "--target", directory / "train.de",
                 "--output", directory / "prepared", "--vocabulary-size", 320),

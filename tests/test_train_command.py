@@ -20,7 +20,7 @@ import pytest
 import keras_transformer as kt
 from keras_transformer.training import TrainingConfig
 
-from conftest import in_one_pass, needs_multi30k, upstream_multi30k
+from conftest import in_one_pass, needs_multi30k, upstream_multi30k, write_reversal_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -38,21 +38,7 @@ def files(tmp_path_factory):
     """Parallel files of a toy task (reverse six words), the training set
     gzipped. With a 320-piece vocabulary every word is one piece, so every
     batch has one shape and compiled backends compile once."""
-    import gzip
-
-    rng = np.random.default_rng(0)
-    words = ["".join(rng.choice(list("abcdefghij"), size=rng.integers(2, 5))) for _ in range(20)]
-    directory = tmp_path_factory.mktemp("data")
-    for split, size in (("train", 300), ("valid", 12)):
-        sources = [" ".join(rng.choice(words, 6)) for _ in range(size)]
-        targets = [" ".join(reversed(source.split())) for source in sources]
-        for side, lines in (("en", sources), ("de", targets)):
-            text = "".join(line + "\n" for line in lines).encode()
-            if split == "train":
-                (directory / f"{split}.{side}.gz").write_bytes(gzip.compress(text))
-            else:
-                (directory / f"{split}.{side}").write_bytes(text)
-    return directory
+    return write_reversal_files(tmp_path_factory.mktemp("data"), gzip_train=True)
 
 
 def train_arguments(files, model_dir, *extra):
