@@ -1,16 +1,15 @@
 """The suite's measured times, per pass of `.ci/run`: recorded, compared, listed.
 
-    python .ci/durations.py record CI_LOG [-o tests/durations.json] [--machine TEXT]
+    python .ci/durations.py record CI_LOG [-o tests/durations.json] --machine TEXT [--slowest N]
     python .ci/durations.py compare OLD.json NEW.json
     python .ci/durations.py slowest [tests/durations.json] [-n 20]
 
-`record` reads what `.ci/run` printed, run with every test's time shown
-(`PYTEST_ADDOPTS="--durations=0 --durations-min=0" CI=true bash .ci/run`),
-and writes each pass's wall time, pytest's summary line and each test's
-seconds of setup, call and teardown (a fixture shared by several tests is
-set up, and timed, in the first of them). `tests/durations.json` is the
-record of the newest such run: `tests/test_suite_tiers.py` reads it to hold
-the slow tier to measured times, and the next change compares against it.
+`record` reads what `.ci/run` printed (it shows every test's time) and
+writes each pass's wall time, pytest's summary line and each test's seconds
+of setup, call and teardown (a fixture shared by several tests is set up,
+and timed, in the first of them). `tests/durations.json` is the record of
+the newest such run: tests/conftest.py reads it to put the tests over 10 s
+in the slow tier, and the next change compares against it.
 """
 
 import argparse
@@ -52,8 +51,8 @@ def parse(text):
             current["summary"] = match[1]
     if not passes or not any(p["tests"] for p in passes.values()):
         raise ValueError(
-            "No pass with test durations found. Expected the output of "
-            '`PYTEST_ADDOPTS="--durations=0 --durations-min=0" bash .ci/run`.'
+            "No pass with test durations found. Expected the output of `bash .ci/run`, "
+            "whose passes show every test's time (--durations=0)."
         )
     return passes, total
 
@@ -65,7 +64,7 @@ def load(path):
 def record(arguments):
     passes, total = parse(pathlib.Path(arguments.log).read_text(errors="replace"))
     result = {
-        "command": 'PYTEST_ADDOPTS="--durations=0 --durations-min=0" CI=true bash .ci/run',
+        "command": "bash .ci/run",
         "machine": arguments.machine,
         "total_seconds": total,
         "passes": {name: dict(p, tests=dict(sorted(p["tests"].items()))) for name, p in passes.items()},
@@ -76,7 +75,17 @@ def record(arguments):
     pathlib.Path(arguments.output).write_text(text + "\n")
     for name, p in passes.items():
         print(f"{name}: {p['seconds']} s, {len(p['tests'])} tests timed, {p['summary']}")
-    print(f"total: {total} s -> {arguments.output}")
+    print(f"all passes: {total} s (record: {arguments.output})")
+    if arguments.slowest:
+        print(f"the {arguments.slowest} slowest tests:")
+        for time, name, test in slowest(result, arguments.slowest):
+            print(f"{time:8.1f}  {name:12} {test}")
+    # Last, the count of every pass together, in pytest's words.
+    counts = {word: 0 for word in ("passed", "failed", "error", "skipped", "deselected")}
+    for p in passes.values():
+        for number, word in re.findall(r"(\d+) (passed|failed|errors?|skipped|deselected)", p["summary"] or ""):
+            counts[word.rstrip("s") if word.startswith("error") else word] += int(number)
+    print(", ".join(f"{n} {word}" for word, n in counts.items() if n or word in ("passed", "failed")))
 
 
 def seconds(phases):
@@ -119,6 +128,7 @@ def main(argv=None):
     p.add_argument("log")
     p.add_argument("-o", "--output", default="tests/durations.json")
     p.add_argument("--machine", required=True, help="the CPU and cores it ran on, e.g. from lscpu")
+    p.add_argument("--slowest", type=int, default=0, metavar="N", help="also print the N slowest tests")
     p = commands.add_parser("compare", help="two records, pass by pass and test by test")
     p.add_argument("old")
     p.add_argument("new")

@@ -121,14 +121,95 @@ needs_wmt14 = pytest.mark.skipif(
 )
 
 
+# The two tiers. `python -m pytest` runs the quick tier; `--run-slow` adds
+# the slow tier (the full suite, CI's). A test is slow by its measured time:
+# over SLOW_SECONDS, setup and call, in a pass of CI's newest record,
+# tests/durations.json, which `.ci/durations.py record` writes from CI's
+# output. A test that needs a fixture the record measured as slow (its first
+# user's setup) says so with `@slow`; tests/test_suite.py checks both.
+SLOW_SECONDS = 10.0
+RECORD = os.path.join(os.path.dirname(__file__), "durations.json")
+slow = pytest.mark.slow
+
+
+def measured_seconds():
+    """{node id: seconds}: each test's longest setup and call in a pass of
+    the record (a shared fixture is set up, and timed, in its first user)."""
+    import json
+
+    with open(RECORD) as file:
+        passes = json.load(file)["passes"]
+    longest = {}
+    for run in passes.values():
+        for test, (setup, call, _) in run["tests"].items():
+            longest[test] = max(longest.get(test, 0.0), setup + call)
+    return longest
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--run-slow", action="store_true", default=False,
+        help=f"the full tier: also the slow tests (over {SLOW_SECONDS:.0f} s in a pass of tests/durations.json)",
+    )
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", f"slow: over {SLOW_SECONDS:.0f} s in CI's record, or needs a fixture that is; runs with --run-slow"
+    )
+
+
+MARKED_SLOW = pytest.StashKey[dict]()
+
+
+def split_tiers(items, measured):
+    """(quick, slow) of `items`: each test the record `measured` over
+    SLOW_SECONDS is marked slow first."""
+    for item in items:
+        if measured.get(item.nodeid, 0.0) > SLOW_SECONDS:
+            item.add_marker(slow)
+    quick = [item for item in items if item.get_closest_marker("slow") is None]
+    return quick, [item for item in items if item.get_closest_marker("slow") is not None]
+
+
+def named_tests(config):
+    """The node ids named on the command line (`file.py::test`), from the root."""
+    named = set()
+    for argument in config.args:
+        path, separator, name = argument.partition("::")
+        if separator:
+            named.add(f"{os.path.relpath(os.path.abspath(path), config.rootpath)}::{name}")
+    return named
+
+
+def pytest_collection_modifyitems(config, items):
+    quick, slow_items = split_tiers(items, measured_seconds())
+    config.stash[MARKED_SLOW] = {item.nodeid: item.get_closest_marker("slow") is not None for item in items}
+    # A slow test named by its node id runs, as asked.
+    named = named_tests(config)
+    left_out = [item for item in slow_items if not any(item.nodeid.startswith(n) for n in named)]
+    if left_out and not config.getoption("--run-slow"):
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = [item for item in items if item not in left_out]
+
+
+def pytest_report_collectionfinish(config, start_path, items):
+    if not config.getoption("--run-slow"):
+        return "quick tier: slow tests deselected (tests/durations.json); --run-slow runs them too"
+
+
+# CI runs the suite once per backend, three passes side by side, and says so
+# in this variable (.ci/run); a person's run, under one backend, leaves it unset.
+PASSES = [name for name in os.environ.get("KT_TEST_PASSES", "").split(",") if name]
+
+
 def in_one_pass(backend, why):
     """For a test of code that runs the same under every backend (command-line
-    plumbing, file layouts, TensorFlow-only serving): CI runs the suite once
-    per backend, and this test in `backend`'s pass only, to keep the three
-    passes short. The code each backend runs differently is tested in every
-    pass."""
+    plumbing, file layouts, TensorFlow-only serving): a run under one backend
+    runs it; CI's passes, one per backend, run it in `backend`'s only. The
+    code each backend runs differently is tested in every pass."""
     return pytest.mark.skipif(
-        keras.backend.backend() != backend,
+        bool(PASSES) and keras.backend.backend() != backend and backend in PASSES,
         reason=f"the same under every backend ({why}); runs in the {backend} pass",
     )
 

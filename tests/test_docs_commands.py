@@ -14,7 +14,7 @@ MARKER = re.compile(r"^# not run by the tests: \S")
 
 # (file, a line of the block) -> the test that runs the block's commands.
 TESTED = {
-    ("README.md", 'pip install -e ".[test]" && python -m pytest'): "test_readme.py::test_ci_runs_the_readme_test_command",
+    ("README.md", 'pip install -e ".[test]" && python -m pytest'): "test_readme.py::test_ci_runs_the_readme_test_commands",
     ("README.md", "KERAS_BACKEND=jax python recipes/quickstart.py"): "test_readme.py::test_the_quick_start_runs_under_this_backend",
     ("README.md", 'echo "The old man sees the dog."'): "test_readme.py::test_the_readme_translate_example_prints_what_it_shows",
     ("README.md", "python -m keras_transformer plot-attention"): "test_readme.py::test_the_readme_command_line_examples_print_what_they_show",

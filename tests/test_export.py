@@ -249,12 +249,13 @@ def test_a_predict_request_round_trips_through_the_signature(served, translator)
 
 
 def trained_for_a_few_steps(tokenizer, **options):
-    """A tiny model after 4 optimizer steps under the current backend."""
+    """A tiny model after 4 optimizer steps under the current backend, on
+    batches of one length (one program to compile under JAX)."""
     model = kt.build_transformer("tiny", vocabulary_size=tokenizer.vocabulary_size, **options)
     kt.training.compile_model(model, warmup_steps=4)
     batches = make_dataset(
         builtin_corpus("train", size=64, seed=1), tokenizer, 512, repeat=True, seed=1,
-        max_length=options.get("max_length", 256),
+        max_length=options.get("max_length", 256), buckets=1,
     )  # fmt: skip
     model.fit(batches, steps_per_epoch=4, epochs=1, verbose=0, shuffle=False)
     return model

@@ -20,7 +20,7 @@ from keras_transformer.parsing import linearize
 from keras_transformer.parsing import read_treebank
 from keras_transformer.parsing import right_branching
 
-from conftest import PTB_SAMPLE, needs_ptb_sample
+from conftest import PTB_SAMPLE, in_one_pass, needs_ptb_sample
 
 MRG = """
 ( (S
@@ -273,6 +273,7 @@ def test_parser_refuses_bad_sentences_and_settings(vocabulary):
 
 
 @needs_ptb_sample
+@in_one_pass("jax", "reading and linearizing trees is Python")
 def test_every_sample_tree_linearizes_and_reads_back():
     paths = sorted(os.path.join(PTB_SAMPLE, name) for name in os.listdir(PTB_SAMPLE) if name.endswith(".mrg"))
     trees = [clean(tree) for tree in read_treebank(paths)]

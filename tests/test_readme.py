@@ -20,7 +20,7 @@ import sys
 
 import keras
 import pytest
-from conftest import in_one_pass
+from conftest import in_one_pass, slow
 
 import keras_transformer as kt
 from keras_transformer import cli
@@ -29,11 +29,15 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 
 
-def test_ci_runs_the_readme_test_command():
+def test_ci_runs_the_readme_test_commands():
+    """The README's first screen gives the quick tier's command and the full
+    tier's; CI runs the full one as it stands there."""
     ci = (ROOT / ".ci" / "run").read_text()
     command = re.search(r"test_command='([^']+)'", ci).group(1)
     first_screen = README.split("## ")[0]
-    assert command in first_screen
+    commands = [line for line in first_screen.splitlines() if "python -m pytest" in line and not line.startswith("#")]
+    quick = 'pip install -e ".[test]" && python -m pytest'
+    assert commands == [quick, f"{quick} --run-slow"] and command == commands[1]
     assert "python recipes/quickstart.py" in first_screen
     assert (ROOT / "recipes" / "quickstart.py").is_file()
 
@@ -134,6 +138,7 @@ def train_quickstart(directory):
 NOISE = re.compile(r"^[IWE]\d{4} |LOG\(INFO\)|Warning", re.M)
 
 
+@slow  # needs `workdir`, the quick start's training
 def test_the_quick_start_trains_translates_and_scores(workdir):
     output = (workdir / "quickstart.log").read_text()
     assert re.search(r"^Backend: tensorflow$", output, re.M)
@@ -150,6 +155,7 @@ def test_the_quick_start_trains_translates_and_scores(workdir):
     assert len(valid) == len((workdir / "runs" / "quickstart" / "valid.de").read_text().splitlines()) == 500
 
 
+@slow  # needs `workdir`, the quick start's training
 def test_the_quick_start_runs_under_this_backend(workdir, tmp_path):
     """The whole quick start under TensorFlow (the cached run's), and the
     same script on a small corpus under the other backends."""
@@ -167,6 +173,7 @@ def test_the_quick_start_runs_under_this_backend(workdir, tmp_path):
 
 
 @in_one_pass("torch", "the README's text; each backend's translate command is tested in test_translate_command.py")
+@slow  # needs `workdir`, the quick start's training
 def test_the_readme_translate_example_prints_what_it_shows(workdir):
     pairs = [
         (command, shown)
@@ -189,6 +196,7 @@ def test_the_readme_translate_example_prints_what_it_shows(workdir):
 
 
 @in_one_pass("tensorflow", "the README's text; each backend's commands are tested in test_translate_command.py")
+@slow  # needs `workdir`, the quick start's training
 def test_the_readme_command_line_examples_print_what_they_show(workdir, capsys, monkeypatch):
     monkeypatch.chdir(workdir)
     block = next(b for b in code_blocks("bash") if "plot-attention" in b and "evaluate" in b)
@@ -209,6 +217,7 @@ def test_the_readme_command_line_examples_print_what_they_show(workdir, capsys, 
     assert (workdir / "runs" / "attention.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@slow  # needs `workdir`, the quick start's training
 def test_the_readme_python_examples_return_what_they_show(workdir, monkeypatch):
     monkeypatch.chdir(workdir)
     block = next(b for b in code_blocks("python") if 'kt.Translator.load("runs/quickstart")' in b)
@@ -228,6 +237,7 @@ def test_the_readme_python_examples_return_what_they_show(workdir, monkeypatch):
 
 
 @in_one_pass("tensorflow", "the README's text; each backend's export is tested in test_export.py")
+@slow  # needs `workdir`, the quick start's training
 def test_the_readme_export_serves_the_curl_example(workdir, monkeypatch, capsys):
     import json
 

@@ -87,7 +87,7 @@ def test_quickstart_reports_a_vocabulary_its_corpus_cannot_give_in_one_line(tmp_
 TABLE3_RECIPE = os.path.join(ROOT, "recipes", "table3.py")
 
 
-@in_one_pass("tensorflow", "the recipe's rows and table; the options it varies are tested under every backend")
+@in_one_pass("torch", "the recipe's rows and table; the options it varies are tested under every backend")
 @needs_multi30k
 def test_table3_recipe_smoke_mode_writes_a_table_of_its_rows(tmp_path):
     raw = upstream_multi30k(tmp_path)  # as the upstream download comes: gzipped
@@ -170,7 +170,7 @@ def test_wmt14_pairs_name_their_tfds_dataset():
 PTB_RECIPE = os.path.join(ROOT, "recipes", "ptb_parsing.py")
 
 
-@in_one_pass("tensorflow", "the recipe's split, training loop and scores; parsing is tested under every backend")
+@in_one_pass("torch", "the recipe's split, training loop and scores; parsing is tested under every backend")
 @needs_ptb_sample
 def test_ptb_parsing_recipe_smoke_mode_trains_parses_and_scores(tmp_path):
     from keras_transformer.parsing import Tree

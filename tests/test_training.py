@@ -2,6 +2,7 @@ import glob
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -307,27 +308,37 @@ def test_an_unwritable_checkpoint_directory_is_reported_before_training(tmp_path
     assert int(to_numpy(model.optimizer.iterations)) == 0
 
 
-@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
-def test_an_unreadable_newest_checkpoint_is_skipped_with_a_warning(tmp_path, damage):
-    def new_model():
-        return training.compile_model(kt.build_transformer("tiny", vocabulary_size=16, num_layers=1), warmup_steps=5)
+def tiny_model():
+    return training.compile_model(kt.build_transformer("tiny", vocabulary_size=16, num_layers=1), warmup_steps=5)
 
-    training.fit(new_model(), reversal_batches(), tmp_path, 10, checkpoint_every=5, verbose=0)
+
+@pytest.fixture(scope="module")
+def ten_steps(tmp_path_factory):
+    """A run's directory at step 10, with checkpoints at steps 5 and 10: the
+    tests of damaged checkpoints damage copies of it."""
+    directory = tmp_path_factory.mktemp("ten_steps")
+    training.fit(tiny_model(), reversal_batches(), directory, 10, checkpoint_every=5, verbose=0)
+    return directory
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
+def test_an_unreadable_newest_checkpoint_is_skipped_with_a_warning(ten_steps, tmp_path, damage):
+    shutil.copytree(ten_steps, tmp_path, dirs_exist_ok=True)
     checkpoints = tmp_path / "checkpoints"
     newest = checkpoints / "ckpt-00000010.keras"
     data = newest.read_bytes()
     newest.write_bytes({"truncated": data[: len(data) // 2], "garbage": b"\x00" * 999, "empty": b""}[damage])
     with pytest.warns(UserWarning, match=r"Skipped 1 checkpoint.*ckpt-00000010\.keras \(.+\).*resuming from .*ckpt-00000005\.keras"):
-        model = training.fit(new_model(), reversal_batches(), tmp_path, 15, checkpoint_every=5, verbose=0)
+        model = training.fit(tiny_model(), reversal_batches(), tmp_path, 15, checkpoint_every=5, verbose=0)
     assert int(to_numpy(model.optimizer.iterations)) == 15
     # The damaged file is kept aside, and the steps it held are trained again.
     assert (checkpoints / ".unreadable-ckpt-00000010.keras").read_bytes() != data
     assert saved_steps(checkpoints) == [5, 10, 15]
 
 
-def test_when_no_checkpoint_can_be_read_the_resume_stops_and_names_them(tmp_path):
-    model = training.compile_model(kt.build_transformer("tiny", vocabulary_size=16, num_layers=1), warmup_steps=5)
-    training.fit(model, reversal_batches(), tmp_path, 10, checkpoint_every=5, verbose=0)
+def test_when_no_checkpoint_can_be_read_the_resume_stops_and_names_them(ten_steps, tmp_path):
+    shutil.copytree(ten_steps, tmp_path, dirs_exist_ok=True)
+    model = tiny_model()
     for path in training.list_checkpoints(tmp_path / "checkpoints"):
         with open(path, "r+b") as file:
             file.truncate(100)
@@ -492,7 +503,8 @@ def test_mirrored_strategy_over_two_devices_matches_one_device(tmp_path):
     np.testing.assert_allclose(double["losses"], single["losses"], rtol=1e-4)
     # Resumed from its checkpoint at step 3, the run goes on over both
     # devices, to the uninterrupted run's weights.
-    run(tmp_path / "resumed", 3, 3, tmp_path / "first.npz", "--devices", "2", "--fixed-length")
+    shutil.copytree(tmp_path / "two", tmp_path / "resumed")
+    (tmp_path / "resumed" / "checkpoints" / "ckpt-00000006.keras").unlink()
     resumed = run(tmp_path / "resumed", 6, 3, tmp_path / "resumed.npz", "--devices", "2", "--fixed-length")
     np.testing.assert_allclose(resumed["losses"], double["losses"][3:], rtol=1e-5)
     for a, b in zip(weights(resumed), weights(double), strict=True):

@@ -9,6 +9,7 @@ import types
 
 import keras
 import pytest
+from conftest import slow
 
 from keras_transformer import training as kt_training
 from keras_transformer.data import builtin_corpus
@@ -95,6 +96,7 @@ def trained(tmp_path_factory):
     return directory, model_dir, first, resumed
 
 
+@slow  # needs `trained`, two training processes
 def test_train_and_resume_without_tensorflow(trained):
     _, model_dir, first, resumed = trained
     assert "prepared the training text into" in first.stdout
@@ -106,6 +108,7 @@ def test_train_and_resume_without_tensorflow(trained):
     assert (model_dir / "model.keras").is_file()
 
 
+@slow  # needs `trained`, two training processes
 def test_train_writes_its_curves_without_tensorflow(trained):
     _, model_dir, first, resumed = trained
     # No TensorBoard logs without TensorFlow; the curves are CSV and JSON lines.
@@ -121,6 +124,7 @@ def test_train_writes_its_curves_without_tensorflow(trained):
     assert all(record["val_loss"] > 0 for record in history)
 
 
+@slow  # needs `trained`, two training processes
 def test_translate_evaluate_and_plot_without_tensorflow(trained):
     directory, model_dir, _, _ = trained
     sources = builtin_corpus("test", size=3).sources
@@ -139,6 +143,7 @@ def test_translate_evaluate_and_plot_without_tensorflow(trained):
     assert (directory / "attention.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@slow  # needs `trained`, two training processes
 def test_export_says_what_to_install(trained):
     _, model_dir, _, _ = trained
     exported = cli("export", "--model-dir", model_dir, "--output", model_dir / "exported")
