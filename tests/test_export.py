@@ -302,6 +302,17 @@ def test_a_model_trained_under_this_backend_serves_as_tensorflow_translates_it(t
     assert serve(served, texts)[0] == expected
 
 
+def test_the_export_command_writes_a_saved_model_that_translates(translator, tmp_path, capsys):
+    """The quick tier's run of the command: a greedy translator, exported to
+    --output, translates as the translator does."""
+    translator.save(tmp_path / "translator")
+    cli.main(["export", "--model-dir", str(tmp_path / "translator"), "--output", str(tmp_path / "export"),
+              "--beam-size", "1"])
+    assert f"Exported a SavedModel to {tmp_path / 'export'}" in capsys.readouterr().out
+    greedy = kt.Translator(translator.model, translator.tokenizer, **{**SETTINGS, "beam_size": 1})
+    assert serve(tf.saved_model.load(str(tmp_path / "export")), SENTENCES[:2])[0] == greedy.translate(SENTENCES[:2])
+
+
 @in_one_pass("tensorflow", "version folders; each backend's export is tested in every pass")
 def test_exports_go_to_new_versions_in_tf_serving_layout(translator, tmp_path, capsys):
     model_dir = tmp_path / "translator"

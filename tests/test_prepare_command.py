@@ -14,6 +14,19 @@ from keras_transformer.cli import main
 pytestmark = in_one_pass("torch", "command-line plumbing over the data code the data tests cover")
 
 
+def test_prepare_in_this_process_writes_a_set_that_train_reads(files, tmp_path, capsys):  # noqa: F811
+    """The quick tier's run of the command: the set and its vocabulary."""
+    from keras_transformer.data import SubwordTokenizer
+    from keras_transformer.data.prepared import load_prepared
+
+    prepared = tmp_path / "prepared"
+    main(["prepare", "--source", str(files / "train.en.gz"), "--target", str(files / "train.de.gz"),
+          "--vocabulary-size", "320", "--output", str(prepared)])
+    assert "Prepared 300 pairs" in capsys.readouterr().out
+    assert json.loads((prepared / "manifest.json").read_text())["pairs"] == 300
+    assert len(load_prepared(prepared, SubwordTokenizer.load(prepared))) == 300
+
+
 def test_prepare_then_train_from_the_prepared_set(files, tmp_path):  # noqa: F811
     prepared = tmp_path / "prepared"
     result = cli("prepare", "--source", files / "train.en.gz", "--target", files / "train.de.gz",

@@ -53,6 +53,7 @@ def train_arguments(files, model_dir, *extra):
     ]
 
 
+PROGRESS_LINES = re.compile(r"^step \d+/\d+ \|.*$", re.M)
 PROGRESS = re.compile(
     r"^step (\d+)/(\d+) \| [\d.]+ steps/s \| [\d,]+ tok/s \| loss ([\d.]+) \| lr [\d.e+-]+", re.M
 )
@@ -100,6 +101,26 @@ def test_train_writes_a_translator_directory_the_other_commands_take(files, tmp_
     # A run resumes only as it was configured, but may train longer.
     changed = cli_error("train", "--resume", "--model-dir", model_dir, "--dropout", "0.2")
     assert "Cannot resume" in changed and "model: {'num_layers': 1} in the run" in changed
+
+
+def test_train_then_average_in_this_process(files, tmp_path, capsys):
+    """The quick tier's run of both commands: two steps, a checkpoint each,
+    the translator directory, and the average of its checkpoints."""
+    from keras_transformer.cli import main
+
+    model_dir = tmp_path / "run"
+    main([str(a) for a in train_arguments(files, model_dir, "--train-steps", 2, "--checkpoint-every", 1,
+                                          "--valid-bleu-sentences", 0, "--average", 1, "--keep-checkpoints", 2)])
+    assert [line.split(" |")[0] for line in PROGRESS_LINES.findall(capsys.readouterr().out)] == ["step 2/2"]
+    kept = kt.training.list_checkpoints(model_dir / "checkpoints")
+    assert [os.path.basename(path) for path in kept] == ["ckpt-00000001.keras", "ckpt-00000002.keras"]
+    assert kt.Translator.load(model_dir).translate(["a b"]) != []
+    main(["average", *map(str, kept), "--output", str(tmp_path / "averaged.keras")])
+    assert "Averaged 2 checkpoints into" in capsys.readouterr().out
+    averaged = keras.saving.load_model(tmp_path / "averaged.keras", compile=False).get_weights()
+    first, second = (keras.saving.load_model(path, compile=False).get_weights() for path in kept)
+    for got, a, b in zip(averaged, first, second):
+        np.testing.assert_allclose(got, (a + b) / 2, rtol=1e-6)
 
 
 @in_one_pass("torch", "the configuration file and the average command; each backend's training is the test above")
