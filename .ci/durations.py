@@ -29,17 +29,21 @@ SUMMARY = re.compile(r"^=+ (.*\b(?:passed|failed)\b.*) in [\d.]+s")
 WITHOUT_TENSORFLOW = "torch-without-tensorflow"
 
 
+def new_pass():
+    return {"seconds": None, "summary": None, "tests": {}}
+
+
 def parse(text):
     """{pass: {"seconds", "summary", "tests": {node id: [setup, call, teardown]}}}
     and the total, in seconds."""
     passes, current, total = {}, None, None
     for line in text.splitlines():
         if match := PASS_START.match(line):
-            current = passes.setdefault(match[1], {"seconds": None, "summary": None, "tests": {}})
+            current = passes.setdefault(match[1], new_pass())
         elif WITHOUT_TF_START.match(line):
-            current = passes.setdefault(WITHOUT_TENSORFLOW, {"seconds": None, "summary": None, "tests": {}})
+            current = passes.setdefault(WITHOUT_TENSORFLOW, new_pass())
         elif match := PASS_END.match(line):
-            passes.setdefault(match[1], {"seconds": None, "summary": None, "tests": {}})["seconds"] = int(match[3])
+            passes.setdefault(match[1], new_pass())["seconds"] = int(match[3])
         elif (match := WITHOUT_TF_END.match(line)) and WITHOUT_TENSORFLOW in passes:
             passes[WITHOUT_TENSORFLOW]["seconds"] = int(match[1])
         elif match := TOTAL.match(line):

@@ -190,7 +190,8 @@ def pytest_collection_modifyitems(config, items):
     left_out = [item for item in slow_items if not any(item.nodeid.startswith(n) for n in named)]
     if left_out and not config.getoption("--run-slow"):
         config.hook.pytest_deselected(items=left_out)
-        items[:] = [item for item in items if item not in left_out]
+        left_out_ids = {item.nodeid for item in left_out}
+        items[:] = [item for item in items if item.nodeid not in left_out_ids]
 
 
 def pytest_report_collectionfinish(config, start_path, items):
@@ -203,15 +204,20 @@ def pytest_report_collectionfinish(config, start_path, items):
 PASSES = [name for name in os.environ.get("KT_TEST_PASSES", "").split(",") if name]
 
 
-def in_one_pass(backend, why):
+def in_passes(backends, why):
     """For a test of code that runs the same under every backend (command-line
     plumbing, file layouts, TensorFlow-only serving): a run under one backend
-    runs it; CI's passes, one per backend, run it in `backend`'s only. The
+    runs it; CI's passes, one per backend, run it in `backends`' only. The
     code each backend runs differently is tested in every pass."""
     return pytest.mark.skipif(
-        bool(PASSES) and keras.backend.backend() != backend and backend in PASSES,
-        reason=f"the same under every backend ({why}); runs in the {backend} pass",
+        bool(PASSES) and keras.backend.backend() not in backends and any(b in PASSES for b in backends),
+        reason=f"the same under every backend ({why}); runs in the {' and '.join(backends)} pass"
+        + "es" * (len(backends) > 1),
     )
+
+
+def in_one_pass(backend, why):
+    return in_passes((backend,), why)
 
 
 def torch_operations():

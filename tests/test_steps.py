@@ -5,7 +5,7 @@ import importlib
 import keras
 import numpy as np
 import pytest
-from conftest import PASSES, to_numpy
+from conftest import in_passes, to_numpy
 from translation_fixtures import SENTENCES
 from translation_fixtures import model  # noqa: F401 (a fixture)
 from translation_fixtures import tokenizer  # noqa: F401 (a fixture)
@@ -65,9 +65,7 @@ def test_cached_step_function_gives_the_full_model_logits(model, tokenizer):
         # XLA's pairing is the same code under JAX and TensorFlow: CI runs
         # both endings under JAX, and the one past the caches' first phase
         # under TensorFlow too.
-        pytest.param("eos", marks=pytest.mark.skipif(
-            keras.backend.backend() == "tensorflow" and "jax" in PASSES,
-            reason="XLA's pairing of steps, the same program under JAX; runs in the jax pass")),
+        pytest.param("eos", marks=in_passes(("jax", "torch"), "XLA's pairing of steps, the same program under JAX")),
         "limits",
     ],
 )

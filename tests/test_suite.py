@@ -1,7 +1,6 @@
 """The suite's two tiers, held to CI's measured times (tests/durations.json),
 and the script that records those times (.ci/durations.py)."""
 
-import json
 import pathlib
 import subprocess
 import sys
@@ -21,7 +20,7 @@ def test_a_test_marked_slow_by_hand_needs_a_fixture_the_record_measured_slow(req
     """Tests marked slow by the record are slow by measurement. One marked
     by hand must share its module with a test whose setup (where a shared
     fixture is made) the record measured over the limit."""
-    record = json.loads(pathlib.Path(RECORD).read_text())["passes"]
+    record = durations.load(RECORD)["passes"]
     slow_setups = {test.split("::")[0] for run in record.values()
                    for test, (setup, _, _) in run["tests"].items() if setup > SLOW_SECONDS}
     measured = measured_seconds()
@@ -32,7 +31,7 @@ def test_a_test_marked_slow_by_hand_needs_a_fixture_the_record_measured_slow(req
 
 @in_one_pass("tensorflow", "reads the record, the same under every backend")
 def test_the_record_has_every_pass_of_ci_and_their_times():
-    record = json.loads(pathlib.Path(RECORD).read_text())
+    record = durations.load(RECORD)
     assert set(record["passes"]) == {"tensorflow", "jax", "torch", durations.WITHOUT_TENSORFLOW}
     assert record["total_seconds"] > 0 and record["machine"]
     for run in record["passes"].values():
