@@ -340,3 +340,53 @@ def test_under_jax_the_float32_logits_have_the_cast_product_s_gradients():
         assert mine.dtype == jnp.bfloat16 and mine.shape == theirs.shape
         # The same cotangent cast to bfloat16, then the same two products.
         np.testing.assert_array_equal(np.float32(mine), np.float32(theirs))
+
+
+def compiled_hlo(fn, *inputs):
+    """`fn(*inputs)` compiled by XLA: its value and its optimized HLO text."""
+    if keras.backend.backend() == "jax":
+        import jax
+
+        jitted = jax.jit(fn)
+        return jitted(*inputs), jitted.lower(*inputs).compile().as_text()
+    import tensorflow as tf
+
+    compiled = tf.function(fn, jit_compile=True)
+    return compiled(*inputs), compiled.experimental_get_compiler_ir(*inputs)(stage="optimized_hlo")
+
+
+ONE_ROW_PRODUCTS = {
+    # name: (our product of x [1, 1, 64] under XLA, Keras's)
+    "matmul": (lambda x, k, t, o: backend_products.matmul(x, k, o), lambda x, k, t: keras.ops.matmul(x, k)),
+    "einsum": (
+        lambda x, k, t, o: backend_products.einsum("btd,dn->btn", x, k, o),
+        lambda x, k, t: keras.ops.einsum("btd,dn->btn", x, k),
+    ),
+    "logits": (
+        lambda x, k, t, o: backend_products.transposed_matmul(x, t, o),
+        lambda x, k, t: keras.ops.matmul(x, keras.ops.transpose(t)),
+    ),
+}
+
+
+@pytest.mark.skipif(keras.backend.backend() == "torch", reason="XLA's fusions: torch compiles nothing")
+@pytest.mark.parametrize("form", sorted(ONE_ROW_PRODUCTS))
+def test_a_one_row_product_under_xla_equals_keras_and_keeps_the_bias_out_of_it(form):
+    """A sentence's greedy step multiplies one row. XLA:CPU fuses a bias
+    added to a one-row product into the product and computes the fusion
+    with its own slow loop (`kind=kOutput`); ours, under XLA, must give
+    Keras's values with no such fusion."""
+    rng = np.random.default_rng(0)
+    x = keras.ops.convert_to_tensor(rng.normal(size=(1, 1, 64)).astype("float32"))
+    kernel = keras.ops.convert_to_tensor(rng.normal(size=(64, 4096)).astype("float32"))
+    table = keras.ops.convert_to_tensor(rng.normal(size=(4096, 64)).astype("float32"))
+    bias = keras.ops.convert_to_tensor(rng.normal(size=(4096,)).astype("float32"))
+    ours, keras_s = ONE_ROW_PRODUCTS[form]
+    options = DecodingOptions(xla=True)
+    got, hlo = compiled_hlo(lambda x, k, t, b: ours(x, k, t, options) + b, x, kernel, table, bias)
+    expected, keras_hlo = compiled_hlo(lambda x, k, t, b: keras_s(x, k, t) + b, x, kernel, table, bias)
+    assert tuple(got.shape) == (1, 1, 4096)
+    np.testing.assert_allclose(to_numpy(got), to_numpy(expected), rtol=1e-4, atol=1e-4)
+    assert "kind=kOutput" not in hlo
+    if form == "logits" or keras.backend.backend() == "tensorflow":
+        assert "kind=kOutput" in keras_hlo  # what ours avoids (JAX fuses the transposed form only)

@@ -42,9 +42,9 @@ def test_the_compiled_search_equals_the_search_through_keras_layer_calls(model, 
     for number, source_ids in enumerate(batches):
         source_ids = np.pad(source_ids, ((0, 0), (0, width - source_ids.shape[1])))
         limits = (np.arange(len(source_ids), dtype="int32") + number) % 4 + width
-        compiled_ids, compiled_scores = translator._search(source_ids, limits)
+        compiled_ids, compiled_scores = translator._search(source_ids, limits, tokenizer.eos_id)
         ids, scores = translator._search.fn(
-            keras.ops.convert_to_tensor(source_ids), keras.ops.convert_to_tensor(limits)
+            keras.ops.convert_to_tensor(source_ids), keras.ops.convert_to_tensor(limits), tokenizer.eos_id
         )
         np.testing.assert_array_equal(compiled_ids, to_numpy(ids))
         # int8 layers quantize their inputs at every call, so a rounding

@@ -129,3 +129,36 @@ def test_a_model_file_replaced_by_another_keras_model_is_one_error(model, tokeni
         with pytest.raises(SystemExit) as exit_info:
             main(command)
         assert str(exit_info.value.code).startswith("error: ") and "holds a Sequential" in str(exit_info.value.code)
+
+
+def test_warm_up_compiles_every_shape_so_translating_compiles_nothing(model, tokenizer):
+    translator = Translator(model, tokenizer, beam_size=2, batch_size=2, max_source_length=40, max_extra_length=20)
+    assert translator.source_lengths == [8, 12, 18, 27, 40] and translator.row_counts() == [1, 2]
+    expected = Translator(model, tokenizer, beam_size=2, max_extra_length=20).n_best(SENTENCES)
+    compiled = translator._search
+    programs, seconds = translator.warm_up()
+    assert programs == 10 and seconds > 0
+    traces = compiled.traces
+    recorded = compiled.loops and (compiled.loops.count, compiled.loops.eager)
+    got = [translator.n_best([sentence])[0] for sentence in SENTENCES] + translator.n_best(SENTENCES[:2])
+    for hypotheses, wanted in zip(got, expected + expected[:2], strict=True):
+        assert [t for t, _ in hypotheses] == [t for t, _ in wanted]
+    if compiled.loops is None:  # compiled per shape (or once for all, TensorFlow without XLA)
+        assert compiled.traces == traces
+    else:  # torch: every loop met was recorded by the warm-up
+        assert (compiled.loops.count, compiled.loops.eager) == recorded
+        assert recorded[0] >= 2 * 10
+
+
+def test_search_ids_decodes_id_lists_as_search_decodes_their_strings(model, tokenizer):
+    translator = Translator(model, tokenizer, beam_size=2, max_extra_length=6)
+    found = translator.search(SENTENCES)
+    got = translator.search_ids([source for source, _, _ in found.values()])
+    for (ids, scores), (_, wanted_ids, wanted_scores) in zip(got, found.values(), strict=True):
+        np.testing.assert_array_equal(ids, wanted_ids)
+        np.testing.assert_allclose(scores, wanted_scores, atol=1e-5)
+    for bad in ([], [tokenizer.eos_id], [5, 6], [5] * 300 + [tokenizer.eos_id]):
+        with pytest.raises(ValueError, match=r"sources\[0\] must hold 2 to max_source_length=256 ids"):
+            translator.search_ids([bad])
+    with pytest.raises(ValueError, match=r"warm_up rows must be among .*\[1, 2, 4, 8, 16, 32\]. Received: 3"):
+        translator.warm_up([3])

@@ -75,10 +75,10 @@ class TokenEmbedding(DirectCalls, keras.layers.Layer):
 
     def call(self, inputs, reverse=False, float32=False, decoding=None):
         if reverse:
-            kernel = ops.transpose(ops.cast(self.embeddings, self.compute_dtype))
+            table = ops.cast(self.embeddings, self.compute_dtype)
             if float32:
-                return products.float32_matmul(inputs, kernel, decoding)
-            return products.matmul(inputs, kernel, decoding)
+                return products.transposed_matmul(inputs, table, decoding)
+            return products.matmul(inputs, ops.transpose(table), decoding)
         # Rows looked up in E's own dtype, then cast: the gradient of a
         # token's row then sums in float32 under mixed precision. Summed in
         # bfloat16, a frequent token's stalls (256 + 1 == 256), and on a GPU
