@@ -6,6 +6,7 @@
     KERAS_BACKEND=jax python benchmarks/decoding_engines.py --presets small --batch-sizes 32 --rounds 1
     python benchmarks/decoding_engines.py --peers recomputed   # the cache against recomputing the prefix
     KERAS_BACKEND=jax python benchmarks/decoding_engines.py --converted --json OUT   # a converted OPUS-MT model
+    KERAS_BACKEND=jax python benchmarks/decoding_engines.py --converted --latency --json OUT   # one sentence at a time
     KERAS_BACKEND=jax python benchmarks/decoding_engines.py --presets base --batch-sizes 1 64 \
         --peers transformers --precisions float32 --rounds 5       # on a GPU machine
     KERAS_BACKEND=torch python benchmarks/decoding_engines.py --torch-paths --rounds 7 --json OUT
@@ -53,7 +54,27 @@ options (6+6 layers, d_model 512, 8 heads, feed-forward 2048, swish,
 vocabulary 58,101, a logits bias, shared embeddings; no weights can be
 downloaded here), saved in transformers' layout and converted three ways:
 by `keras_transformer.convert` (ours), by CTranslate2's own converter, and
-read back by transformers. The same weights in every engine.
+read back by transformers. The same weights in every engine; ours also in
+int8 (`models.quantized`), against CTranslate2's int8. The logits bias puts
+EOS 10,000 below every word, so that no engine can end a sentence early.
+
+`--converted --latency [N]` measures what an interactive user waits for:
+the first N (300) sentences of `--latency-source` (Multi30k's test2016.en
+in ../shared/data), each decoded alone, greedily (`--latency-beam`), by ours
+in float32 and int8 through the serving path, a `Translator` (sources padded
+to its length buckets, one program each, compiled first by `warm_up([1])`,
+whose programs and seconds are reported) calling `search_ids`, and by
+CTranslate2 in float32 and int8, whose turns include the pipe's round trip.
+The weights are random, so the sentences give only their lengths: each is
+cut into subwords by a SentencePiece model trained on the file in the run,
+each subword an arbitrary word of the model, then EOS; every engine decodes
+each sentence to its source's tokens + 1, which the tool checks at every
+turn. After each engine decodes the first 3 sentences untimed, the engines
+take turns sentence by sentence, in rotating order, idling at most 20 ms
+before each. Reported: each engine's p50, p95, p99, mean and max
+milliseconds and total seconds, and ours' milliseconds over CTranslate2's
+at p50 and p99, precision for precision (below 1: ours answers sooner).
+Without `--batch-sizes`, `--latency` runs alone, without the batches.
 
 `--torch-paths` (Keras's torch backend) times what each of the package's
 torch-only decoding paths buys, in the process settings `translate` runs
@@ -104,6 +125,7 @@ from keras_transformer.decoding.compiled import CompiledFunction  # noqa: E402
 
 BOS, EOS, NEVER = 2, 3, -1
 MARIAN_EOS, MARIAN_UNK = 0, 1
+EOS_LOGIT_BIAS = -1e4  # the converted model's: random logits are within a few units of 0
 BEAM = 4
 ALPHA = 0.6
 SEARCHES = {"greedy": 1, "beam 4": BEAM}  # search -> beam size
@@ -366,17 +388,27 @@ def converted_to_ctranslate2(marian, directory, quantization):
     if not os.path.exists(hf_directory):  # saved once per model, for both precisions
         marian.save_pretrained(hf_directory)
     output = os.path.join(directory, f"ctranslate2_{quantization}")
-    Converter(hf_directory).convert(output, quantization=quantization, force=True)
+    if not os.path.exists(output):  # converted once, for the batches and the latency alike
+        Converter(hf_directory).convert(output, quantization=quantization)
     return output, vocabulary.tokens
+
+
+def ctranslate2_models(marian, directory, processes, args):
+    """{precision: (key, tokens)}: each precision's model, loaded in its
+    process; `key` names the process, `tokens` are the ids' strings."""
+    found = {}
+    for precision in args.precisions:
+        model_directory, tokens = converted_to_ctranslate2(marian, directory, precision)
+        key = (model_directory, precision)
+        processes.ask(key, "load", key, model_directory, precision, args.threads)
+        found[precision] = (key, tokens)
+    return found
 
 
 def ctranslate2_contenders(marian, directory, processes, args, found):
     """CTranslate2's contenders, one per precision and search, into `found`."""
-    for precision in args.precisions:
-        model_directory, tokens = converted_to_ctranslate2(marian, directory, precision)
-        key = (model_directory, precision)
+    for precision, (key, tokens) in ctranslate2_models(marian, directory, processes, args).items():
         for search, beam_size in SEARCHES.items():
-            processes.ask(key, "load", key, model_directory, precision, args.threads)
 
             def prepare(source_ids, key=key, tokens=tokens, beam_size=beam_size):
                 batch = [[tokens[i] for i in row] for row in marian_source(source_ids)]
@@ -388,13 +420,19 @@ def ctranslate2_contenders(marian, directory, processes, args, found):
 # the contenders --------------------------------------------------------------------
 
 
+def ours_precisions(model, args):
+    """{precision: (system, model)}: ours in float32, and int8 if asked for."""
+    found = {"float32": ("ours", model)}
+    if "int8" in args.precisions:
+        found["int8"] = ("ours int8", kt.models.quantized(model, "int8"))
+    return found
+
+
 def contenders(preset, config, args, directory, processes):
     """{name: (search, precision, prepare)} for `preset` with `config`."""
     model = kt.build_transformer(preset, vocabulary_size=args.vocabulary_size)
     length, xla, source_length = args.output_length, args.jit_compile, args.source_length + 1
-    ours_models = {"float32": ("ours", model)}
-    if "int8" in args.precisions:
-        ours_models["int8"] = ("ours int8", kt.models.quantized(model, "int8"))
+    ours_models = ours_precisions(model, args)
     if "keras-hub" in args.peers:
         import keras_hub
 
@@ -448,9 +486,14 @@ def random_opus_mt(directory, size):
     import io
 
     import sentencepiece
+    import torch
     import transformers
 
     model = transformers.MarianMTModel(transformers.MarianConfig(**size)).eval()
+    with torch.no_grad():
+        # EOS can't win, in any engine: the latency's `Translator`, which
+        # has no ban on EOS, decodes to its length limit as the peers do.
+        model.final_logits_bias[0, size["eos_token_id"]] = EOS_LOGIT_BIAS
     model.save_pretrained(directory)
     with open(os.path.join(directory, "vocab.json"), "w") as file:
         json.dump({token: i for i, token in enumerate(marian_tokens(size["vocab_size"]))}, file)
@@ -464,23 +507,31 @@ def random_opus_mt(directory, size):
     return model
 
 
-def converted_contenders(size, args, directory, processes):
-    """`--converted`: ours, transformers and CTranslate2 on the same random
-    OPUS-MT weights; {name: (search, precision, prepare)}."""
+def converted_models(size, args, directory):
+    """`--converted`'s random OPUS-MT model: `(marian, translator,
+    ours_models)`, the `MarianMTModel`, ours converted from it, and
+    `ours_precisions` of the translator's model."""
     from keras_transformer.convert import convert
 
     marian = random_opus_mt(os.path.join(directory, "transformers"), size)
     translator = convert(os.path.join(directory, "transformers"), os.path.join(directory, "ours"))
+    return marian, translator, ours_precisions(translator.model, args)
+
+
+def converted_contenders(marian, translator, ours_models, args, directory, processes):
+    """`--converted`: ours, transformers and CTranslate2 on the same random
+    OPUS-MT weights; {name: (search, precision, prepare)}."""
 
     def model_ids(source_ids):  # Marian's ids, as the peers get them, mapped to ours
         return np.array(translator.tokenizer.id_map.to_ours(marian_source(source_ids)), "int32")
 
     found = {}
     for search, beam_size in SEARCHES.items():
-        found[named("ours", search)] = (search, "float32", ours(
-            translator.model, beam_size, args.output_length, args.source_length + 1, args.jit_compile,
-            bos_id=translator.tokenizer.bos_id, length_penalty="power", model_ids=model_ids,
-        ))
+        for precision, (system, model) in ours_models.items():
+            found[named(system, search)] = (search, precision, ours(
+                model, beam_size, args.output_length, args.source_length + 1, args.jit_compile,
+                bos_id=translator.tokenizer.bos_id, length_penalty="power", model_ids=model_ids,
+            ))
         if "transformers" in args.peers:
             found[named("transformers generate", search)] = (
                 search, "float32", transformers_contender(marian, beam_size, args.output_length)
@@ -556,6 +607,137 @@ def print_table(title, batch_size, rows):
             f"| {row['median_seconds']:.3f} | {row['flops_per_second'] / 1e9:.1f} | {ratio} |",
             flush=True,
         )
+
+
+# --latency -------------------------------------------------------------------------
+
+# Multi30k's test sentences, where ../shared/data sits beside the repository.
+LATENCY_SOURCE = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data", "multi30k", "test2016.en"
+)
+LATENCY_WARM_UP = 3  # sentences each engine decodes untimed before the timed ones
+
+
+def read_sentences(path):
+    """The non-empty lines of `path`, stripped."""
+    with open(path, encoding="utf-8") as file:
+        return [line.strip() for line in file if line.strip()]
+
+
+def latency_sources(sentences, count, vocabulary_size, longest):
+    """Marian word ids of the first `count` sentences, one per subword of a
+    SentencePiece model trained here on `sentences` (at most `longest`):
+    real lengths; the words themselves are arbitrary, as the weights are."""
+    import io
+
+    import sentencepiece
+
+    pieces = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences), model_writer=pieces, vocab_size=1000, hard_vocab_limit=False,
+        input_sentence_size=100_000, shuffle_input_sentence=True, minloglevel=2,
+    )
+    processor = sentencepiece.SentencePieceProcessor(model_proto=pieces.getvalue())
+    # Marian's words are ids 2 .. vocabulary - 2: EOS and UNK come first, PAD last.
+    words = np.random.default_rng(0).permutation(np.arange(2, vocabulary_size - 1))
+    return [[int(words[piece % len(words)]) for piece in ids][:longest] for ids in processor.encode(sentences[:count])]
+
+
+def latency_row(precision, milliseconds):
+    p50, p95, p99 = (float(p) for p in np.percentile(milliseconds, [50, 95, 99]))
+    return {
+        "precision": precision, "p50_ms": p50, "p95_ms": p95, "p99_ms": p99,
+        "mean_ms": statistics.mean(milliseconds), "max_ms": max(milliseconds),
+        "total_seconds": sum(milliseconds) / 1000, "milliseconds": milliseconds,
+    }
+
+
+def latency(marian, translator, ours_models, args, sentences, directory, processes):
+    """`--latency`: the first `args.latency` sentences, one at a time, by
+    ours through a `Translator` and by CTranslate2, each decoded to its
+    source's tokens + 1; the report."""
+    from keras_transformer.decoding import Translator
+
+    beam_size = args.latency_beam
+    sources = latency_sources(sentences, args.latency, marian.config.vocab_size, translator.max_source_length - 2)
+    lengths = [len(words) + 2 for words in sources]  # the source's words and EOS, + 1
+    ours_ids = [translator.tokenizer.id_map.to_ours(words + [MARIAN_EOS]) for words in sources]
+    engines, warm_up = {}, {}
+    for precision, (system, model) in ours_models.items():
+        # The serving path: length buckets, one program each; EOS can't win
+        # (`random_opus_mt`), so a source of n tokens decodes n - 1 + 2.
+        serving = Translator(
+            model, translator.tokenizer, beam_size=beam_size, alpha=ALPHA, length_penalty="power",
+            # Buckets up to the longest sentence here: a service warms them all, at a cost reported apart.
+            max_extra_length=2, max_source_length=max(map(len, ours_ids)), jit_compile=args.jit_compile,
+            quantize=None if precision == "float32" else precision,
+        )
+        programs, seconds = serving.warm_up([1])
+        warm_up[system] = {"programs": programs, "seconds": seconds}
+        print(f"{system}: warm_up([1]) ran {programs} programs in {seconds:.1f} s", flush=True)
+
+        def decode(i, serving=serving):
+            ((ids, _),) = serving.search_ids([ours_ids[i]])
+            return int(np.count_nonzero(ids[0]))
+
+        engines[system] = (precision, decode)
+    if "ctranslate2" in args.peers:
+        for precision, (key, tokens) in ctranslate2_models(marian, directory, processes, args).items():
+            batches = [[[tokens[i] for i in words + [MARIAN_EOS]]] for words in sources]
+
+            def decode(i, key=key, batches=batches):
+                return processes.ask(key, "decode", key, batches[i], beam_size, lengths[i], ALPHA)[0]
+
+            engines[f"ctranslate2 {precision}"] = (precision, decode)
+
+    def turn(name, i):
+        start = time.perf_counter()
+        length = engines[name][1](i)
+        seconds = time.perf_counter() - start
+        if length != lengths[i]:
+            raise RuntimeError(f"{name} decoded {length} tokens of sentence {i + 1}; expected {lengths[i]}, "
+                               f"as every engine: its {lengths[i] - 1} source tokens + 1")
+        return seconds
+
+    names = list(engines)
+    for name in names:  # under torch, the loops of a shape are recorded at its second call
+        for i in range(min(LATENCY_WARM_UP, len(sources))):
+            turn(name, i)
+    # A moment's idle, not --settle: libgomp's threads (CTranslate2's,
+    # torch's) stop spinning within milliseconds, and N x engines turns
+    # of --settle would outlast the measurement.
+    settle = min(args.settle, 0.02)
+    milliseconds = {name: [] for name in names}
+    for i in range(len(sources)):
+        # Sentence by sentence, each engine in turn, the order rotating: the machine's noise is shared.
+        for name in names[i % len(names):] + names[: i % len(names)]:
+            time.sleep(settle)
+            milliseconds[name].append(1000 * turn(name, i))
+    rows = {name: latency_row(precision, milliseconds[name]) for name, (precision, _) in engines.items()}
+    ratios = {}  # ours' milliseconds over CTranslate2's, of the same precision
+    for precision, (system, _) in ours_models.items():
+        if f"ctranslate2 {precision}" in rows:
+            peer = rows[f"ctranslate2 {precision}"]
+            ratios[precision] = {q: rows[system][f"{q}_ms"] / peer[f"{q}_ms"] for q in ("p50", "p99")}
+    return {
+        "sentences": len(sources), "source": os.path.abspath(args.latency_source), "beam_size": beam_size,
+        "lengths": {"min": min(lengths), "median": statistics.median(lengths), "max": max(lengths)},
+        "settle_seconds": settle, "warm_up": warm_up, "engines": rows, "ours/ctranslate2": ratios,
+    }
+
+
+def print_latency(title, report):
+    lengths = report["lengths"]
+    print(f"\n{title}, latency: {report['sentences']} sentences one at a time, beam {report['beam_size']}, "
+          f"{lengths['min']} to {lengths['max']} output tokens (median {lengths['median']})")
+    print("| engine | precision | p50 ms | p95 ms | p99 ms | mean ms | max ms | total s "
+          "| ours / this, p50 ms | ours / this, p99 ms |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name, row in report["engines"].items():
+        ratio = report["ours/ctranslate2"].get(row["precision"]) if name.startswith("ctranslate2") else None
+        ratios = f"{ratio['p50']:.2f} | {ratio['p99']:.2f}" if ratio else " | "
+        print(f"| {name} | {row['precision']} | {row['p50_ms']:.1f} | {row['p95_ms']:.1f} | {row['p99_ms']:.1f} "
+              f"| {row['mean_ms']:.1f} | {row['max_ms']:.1f} | {row['total_seconds']:.2f} | {ratios} |", flush=True)
 
 
 # --torch-paths ---------------------------------------------------------------------
@@ -640,7 +822,9 @@ def run_torch_paths(args):
     }
 
 
-def run_engines(args):
+def run_engines(args, sentences=None):
+    """The batch cells of `args.batch_sizes`, then `--latency` over
+    `sentences` (the lines of `--latency-source`) if asked for."""
     backend = keras.backend.backend()
     if backend == "tensorflow":
         import tensorflow as tf
@@ -670,8 +854,10 @@ def run_engines(args):
                 size = CONVERTED_SIZES[args.converted]
                 config = {"d_model": size["d_model"], "d_ff": size["encoder_ffn_dim"],
                           "num_layers": size["encoder_layers"], "vocabulary_size": size["vocab_size"]}
-                plan = [(f"{args.converted}'s size, converted", config,
-                         lambda: converted_contenders(size, args, directory, processes))]
+                title = f"{args.converted}'s size, converted"
+                marian, translator, ours_models = converted_models(size, args, directory)
+                plan = [(title, config, lambda: converted_contenders(
+                    marian, translator, ours_models, args, directory, processes))] if args.batch_sizes else []
             else:
                 plan = []
                 for preset in args.presets:
@@ -686,6 +872,9 @@ def run_engines(args):
                     print_table(title, batch_size, rows)
                     results["runs"].append({"preset": title, "batch_size": batch_size, "contenders": rows})
                 processes.close()  # a preset's CTranslate2 processes end with its runs
+            if args.latency:
+                results["latency"] = latency(marian, translator, ours_models, args, sentences, directory, processes)
+                print_latency(title, results["latency"])
     finally:
         processes.close()
     return results
@@ -694,7 +883,8 @@ def run_engines(args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", nargs="+", default=["small", "base"], choices=sorted(kt.models.PRESETS))
-    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 32])
+    parser.add_argument("--batch-sizes", nargs="+", type=int,
+                        help="default: 1 32, or none with --latency (its sentences alone)")
     parser.add_argument("--source-length", type=int, default=20)
     parser.add_argument("--output-length", type=int, default=40)
     parser.add_argument("--vocabulary-size", type=int, default=8000)
@@ -708,6 +898,12 @@ def main():
     parser.add_argument("--converted", nargs="?", const="opus-mt-en-de", choices=sorted(CONVERTED_SIZES),
                         help="a converted OPUS-MT model of this size instead of the presets, against the "
                         "transformers and ctranslate2 of --peers")
+    parser.add_argument("--latency", nargs="?", type=int, const=300, metavar="N",
+                        help="with --converted: N sentences (300 if no N) one at a time, ours against CTranslate2")
+    parser.add_argument("--latency-beam", type=int, default=1, help="the beam size of --latency; 1 is greedy")
+    parser.add_argument("--latency-source", default=LATENCY_SOURCE,
+                        help="the sentences of --latency, one a line (default: Multi30k's test2016.en, "
+                        "in ../shared/data)")
     parser.add_argument("--torch-paths", action="store_true",
                         help="ours with each torch-only decoding path switched off in turn (KERAS_BACKEND=torch)")
     parser.add_argument("--json", help="write the results here")
@@ -716,12 +912,26 @@ def main():
         parser.error("--precisions must include float32: ours in float32 is the reference")
     if args.output_length <= args.source_length + 1:
         parser.error("--output-length must exceed --source-length + 1 (the source's EOS)")
-    if args.rounds < 1 or min(args.batch_sizes) < 1:
+    if args.batch_sizes is None:
+        args.batch_sizes = [] if args.latency is not None else [1, 32]
+    if args.rounds < 1 or min(args.batch_sizes, default=1) < 1:
         parser.error(f"--rounds and --batch-sizes must be >= 1. Received: {args.rounds}, {args.batch_sizes}")
     if args.torch_paths and keras.backend.backend() != "torch":
         parser.error(f"--torch-paths measures the torch backend's paths; KERAS_BACKEND is {keras.backend.backend()!r}")
+    sentences = None
+    if args.latency is not None:
+        if not args.converted:
+            parser.error(f"--latency times a converted translator; add --converted. Received: --latency {args.latency}")
+        if args.latency < 1 or args.latency_beam < 1:
+            parser.error(f"--latency and --latency-beam must be >= 1. Received: {args.latency}, {args.latency_beam}")
+        if not os.path.isfile(args.latency_source):
+            parser.error(f"--latency-source {args.latency_source} is not a file; expected sentences, one a line")
+        sentences = read_sentences(args.latency_source)
+        if len(sentences) < args.latency:
+            parser.error(f"--latency {args.latency} needs as many sentences; --latency-source "
+                         f"{args.latency_source} has {len(sentences)} non-empty lines")
     keras.utils.set_random_seed(0)
-    results = run_torch_paths(args) if args.torch_paths else run_engines(args)
+    results = run_torch_paths(args) if args.torch_paths else run_engines(args, sentences)
     if args.json:
         with open(args.json, "w") as file:
             json.dump(results, file, indent=1)

@@ -221,16 +221,55 @@ def test_decoding_engines_time_a_converted_translator_against_its_own_engines(tm
     assert report["model"]["activation_function"] == "swish"
     (run,) = report["runs"]
     cells = run["contenders"]
-    peers = {"transformers generate", "ctranslate2 float32", "ctranslate2 int8"}
+    peers = {"transformers generate": "ours", "ctranslate2 float32": "ours", "ctranslate2 int8": "ours int8"}
+    assert {name + search for name in {"ours", "ours int8"} | set(peers) for search in ("", ", beam 4")} == set(cells)
     for search in ("", ", beam 4"):
-        assert {name + search for name in {"ours"} | peers} <= set(cells)
-        ours = cells["ours" + search]["sentences_per_second"]
-        for name in peers:
-            row = cells[name + search]
-            # Ours has no int8 here: every peer is set against ours in float32.
-            assert row["ours/this"] == pytest.approx(ours / row["sentences_per_second"])
-    assert "keras-hub GreedySampler" not in cells
+        for name, mine in peers.items():
+            row, ours = cells[name + search], cells[mine + search]
+            # Each peer against ours in its precision: CTranslate2's int8 against ours in int8.
+            assert row["ours/this"] == pytest.approx(ours["sentences_per_second"] / row["sentences_per_second"])
+    assert cells["ours int8"]["precision"] == "int8" and "latency" not in report
     assert "tiny's size, converted, batch 2" in stdout
+
+
+def test_decoding_engines_time_a_converted_translator_one_sentence_at_a_time(tmp_path):
+    sentences = tmp_path / "sentences.en"
+    sentences.write_text("\n".join(builtin_corpus("test", size=40).sources) + "\n")
+    out = tmp_path / "latency.json"
+    stdout = run_benchmark(
+        "decoding_engines.py", "--converted", "tiny", "--latency", "5", "--latency-source", str(sentences),
+        "--batch-sizes", "1", "--source-length", "3", "--output-length", "8", "--rounds", "1", "--settle", "0",
+        "--peers", "ctranslate2", "--json", str(out),
+    )
+    report = json.loads(out.read_text())
+    (run,) = report["runs"]  # --batch-sizes given: the batch cells too, ours in int8 among them
+    assert {"ours int8", "ours int8, beam 4", "ctranslate2 int8"} <= set(run["contenders"])
+    latency = report["latency"]
+    assert (latency["sentences"], latency["beam_size"]) == (5, 1)
+    # Every engine decoded each sentence to its source's tokens + 1, or the tool would have stopped.
+    assert 3 <= latency["lengths"]["min"] <= latency["lengths"]["median"] <= latency["lengths"]["max"]
+    engines = latency["engines"]
+    assert set(engines) == {"ours", "ours int8", "ctranslate2 float32", "ctranslate2 int8"}
+    for row in engines.values():
+        assert len(row["milliseconds"]) == 5
+        assert row["p50_ms"] <= row["p95_ms"] <= row["p99_ms"] <= row["max_ms"] == max(row["milliseconds"])
+    for precision, system in (("float32", "ours"), ("int8", "ours int8")):
+        assert latency["warm_up"][system]["programs"] >= 1
+        ratios = latency["ours/ctranslate2"][precision]
+        peer = engines[f"ctranslate2 {precision}"]
+        assert ratios["p99"] == pytest.approx(engines[system]["p99_ms"] / peer["p99_ms"])
+    assert "latency: 5 sentences one at a time, beam 1" in stdout
+    assert "| ctranslate2 int8 | int8 |" in stdout
+
+
+def test_decoding_engines_refuse_a_latency_source_of_too_few_sentences(tmp_path):
+    sentences = tmp_path / "two.en"
+    sentences.write_text("A man.\n\nA dog.\n")
+    stderr = run_benchmark(
+        "decoding_engines.py", "--converted", "tiny", "--latency", "5", "--latency-source", str(sentences),
+        returncode=2,
+    )
+    assert f"--latency 5 needs as many sentences; --latency-source {sentences} has 2 non-empty lines" in stderr
 
 
 def test_decoding_engines_switch_each_torch_path_off_in_turn(tmp_path):

@@ -298,10 +298,12 @@ def transposed_matmul(x, table, decoding=None):
     """x `[..., K]` times `table` `[N, K]` transposed (the logits of states
     by the token embedding), in float32 whatever their dtype.
 
-    Under XLA, one float32 row is multiplied as the table times the row:
-    XLA:CPU fuses a bias added to a one-row product into the product, which
-    it then computes with its own loop, ten times slower than its library's
-    (the logits of one sentence, greedy: 60 against 5 ms at 58,101 ids).
+    Under XLA, XLA:CPU fuses a bias added to a one-row product into the
+    product, which it then computes with its own loop, ten times slower
+    than its library's (the logits of one sentence, greedy: 60 against 5 ms
+    at 58,101 ids). So one float32 row's product is kept whole: under JAX
+    behind an optimization barrier, under TensorFlow's XLA (which has no
+    public barrier) beside a row of zeros.
     """
     static_leading = tuple(x.shape[:-1])
     if (
@@ -311,11 +313,13 @@ def transposed_matmul(x, table, decoding=None):
         and math.prod(static_leading) == 1
         and ops.dtype(x) == ops.dtype(table) == "float32"
     ):
+        if keras.backend.backend() == "jax":
+            import jax
+
+            return jax.lax.optimization_barrier(ops.matmul(x, ops.transpose(table)))
         one_row = _one_row_under_tensorflow_xla(x, ops.transpose(table), 1, decoding)
         if one_row is not None:
             return one_row
-        column = ops.matmul(table, ops.reshape(x, (-1, 1)))  # [N, 1]
-        return ops.reshape(column, static_leading + (table.shape[0],))
     return float32_matmul(x, ops.transpose(table), decoding)
 
 
