@@ -276,7 +276,7 @@ def test_decoding_engines_switch_each_torch_path_off_in_turn(tmp_path):
     out = tmp_path / "paths.json"
     stdout = run_benchmark(
         "decoding_engines.py", "--torch-paths", "--presets", "tiny", "--batch-sizes", "2", "--source-length", "3",
-        "--output-length", "8", "--vocabulary-size", "50", "--rounds", "2", "--json", str(out),
+        "--output-length", "8", "--vocabulary-size", "50", "--rounds", "2", "--json", str(out), backend="torch",
     )
     report = json.loads(out.read_text())
     (run,) = report["runs"]

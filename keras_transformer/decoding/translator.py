@@ -145,7 +145,7 @@ class Translator:
             length_penalty=length_penalty,
         )
         self._search = CompiledFunction(
-            lambda source_ids, limits, eos_id, decoding: search_batch(
+            lambda source_ids, limits, eos_id, decoding=None: search_batch(
                 source_ids, limits, eos_id=eos_id, decoding=decoding
             ),
             self.model,
