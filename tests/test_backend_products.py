@@ -343,7 +343,10 @@ def test_under_jax_the_float32_logits_have_the_cast_product_s_gradients():
 
 
 def compiled_hlo(fn, *inputs):
-    """`fn(*inputs)` compiled by XLA: its value and its optimized HLO text."""
+    """`fn(*inputs)` compiled by XLA: its value and its optimized HLO text
+    (None under torch, which runs it eagerly)."""
+    if keras.backend.backend() == "torch":
+        return fn(*inputs), None
     if keras.backend.backend() == "jax":
         import jax
 
@@ -369,7 +372,6 @@ ONE_ROW_PRODUCTS = {
 }
 
 
-@pytest.mark.skipif(keras.backend.backend() == "torch", reason="XLA's fusions: torch compiles nothing")
 @pytest.mark.parametrize("form", sorted(ONE_ROW_PRODUCTS))
 def test_a_one_row_product_under_xla_equals_keras_and_keeps_the_bias_out_of_it(form):
     """A sentence's greedy step multiplies one row. XLA:CPU fuses a bias
@@ -387,6 +389,8 @@ def test_a_one_row_product_under_xla_equals_keras_and_keeps_the_bias_out_of_it(f
     expected, keras_hlo = compiled_hlo(lambda x, k, t, b: keras_s(x, k, t) + b, x, kernel, table, bias)
     assert tuple(got.shape) == (1, 1, 4096)
     np.testing.assert_allclose(to_numpy(got), to_numpy(expected), rtol=1e-4, atol=1e-4)
+    if hlo is None:  # torch: the values alone
+        return
     assert "kind=kOutput" not in hlo
     if form == "logits" or keras.backend.backend() == "tensorflow":
         assert "kind=kOutput" in keras_hlo  # what ours avoids (JAX fuses the transposed form only)

@@ -226,6 +226,13 @@ def _one_row_under_tensorflow_xla(x, kernel, contracted, decoding):
     """
     if decoding is None or not decoding.xla or keras.backend.backend() != "tensorflow":
         return None
+    return _one_row_paired(x, kernel, contracted)
+
+
+def _one_row_paired(x, kernel, contracted):
+    """x `[1.., K...]`, of one row known when traced, times kernel `[K...,
+    N...]`, as the first row of the product of that row and a row of zeros;
+    None for any other x."""
     leading = tuple(x.shape[: len(x.shape) - contracted])
     if None in leading or math.prod(leading) != 1 or None in tuple(kernel.shape):
         return None
@@ -379,7 +386,6 @@ def int8_product(x, kernel, contracted, decoding=None):
     """int8 x `[..., K...]` times int8 kernel `[K..., N...]` (its last
     `contracted` axes against the kernel's first), as int32 sums."""
     kernel = _kernel_value(kernel)
-    static_leading = tuple(x.shape[: len(x.shape) - contracted])
     leading = tuple(ops.shape(x)[: len(x.shape) - contracted])  # tensors where unknown
     depth_shape = tuple(kernel.shape[:contracted])
     output_shape = tuple(kernel.shape[contracted:])
@@ -400,10 +406,9 @@ def int8_product(x, kernel, contracted, decoding=None):
         rows = ops.reshape(ops.cast(x, "float32"), (-1, depth))
         matrix = ops.reshape(ops.cast(kernel, "float32"), (depth, -1))
         return ops.reshape(ops.cast(ops.matmul(rows, matrix), "int32"), leading + output_shape)
-    if xla and None not in static_leading and math.prod(static_leading) == 1:
-        matrix = ops.reshape(kernel, (depth, -1))
-        sums = _paired(ops.reshape(x, (1, depth)), lambda rows: ops.matmul(rows, matrix))
-        return ops.reshape(sums, leading + output_shape)
+    one_row = _one_row_paired(x, kernel, contracted) if xla else None
+    if one_row is not None:
+        return one_row
     if contracted == 1 and len(kernel.shape) == 2:
         return ops.matmul(x, kernel)
     rows = ops.reshape(x, (-1, depth))

@@ -342,10 +342,7 @@ class Translator:
         return sources
 
     def _rows_for(self, count):
-        rows = 1
-        while rows < count:
-            rows *= 2
-        return min(rows, self.batch_size)
+        return next(rows for rows in self.row_counts() if rows >= count)
 
     def _batch(self, sources, rows_wanted):
         """Pads to a bucket length, and to `rows_wanted` rows by repeating
