@@ -394,3 +394,23 @@ def test_a_one_row_product_under_xla_equals_keras_and_keeps_the_bias_out_of_it(f
     assert "kind=kOutput" not in hlo
     if form == "logits" or keras.backend.backend() == "tensorflow":
         assert "kind=kOutput" in keras_hlo  # what ours avoids (JAX fuses the transposed form only)
+
+
+@pytest.mark.parametrize("rows", [2, 4, backend_products.COLUMN_LOGITS_MAX_ROWS + 1])
+def test_the_logits_of_a_few_rows_under_xla_equal_keras_and_under_jax_multiply_the_table_by_columns(rows):
+    """A beam of one sentence has a few rows. Under JAX their logits are
+    the table times the rows as columns (XLA:CPU's faster form there), up to
+    `COLUMN_LOGITS_MAX_ROWS`; the values are Keras's on every backend."""
+    rng = np.random.default_rng(2)
+    x = keras.ops.convert_to_tensor(rng.normal(size=(rows, 1, 64)).astype("float32"))
+    table = keras.ops.convert_to_tensor(rng.normal(size=(4096, 64)).astype("float32"))
+    options = DecodingOptions(xla=keras.backend.backend() != "torch")
+    got, hlo = compiled_hlo(lambda x, t: backend_products.transposed_matmul(x, t, options), x, table)
+    expected = keras.ops.matmul(x, keras.ops.transpose(table))
+    assert tuple(got.shape) == (rows, 1, 4096)
+    np.testing.assert_allclose(to_numpy(got), to_numpy(expected), rtol=1e-4, atol=1e-4)
+    if keras.backend.backend() == "jax":
+        columns = rows <= backend_products.COLUMN_LOGITS_MAX_ROWS
+        # The product's shape names its form: table by columns, or rows by table.
+        assert (f"f32[4096,{rows}]{{1,0}} dot(" in hlo) == columns, hlo
+        assert (f"f32[{rows},4096]{{1,0}} dot(" in hlo) != columns, hlo
