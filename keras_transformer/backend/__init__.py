@@ -8,6 +8,8 @@ backend, how a few operations are computed:
   it is compiled (set by `decoding.compiled.CompiledFunction`);
 - `products`: the products of inputs and kernels (oneDNN under torch on
   the CPU; int8 products while decoding);
+- `layouts`: under torch, kernels that lie in memory as torch's `Linear`
+  weights do, for the one-row products of a loaded translator;
 - `attention`: torch's fused attention on the layouts our layers keep;
 - `shapes`: reshapes and cache writes without Keras's symbolic checks
   under torch;

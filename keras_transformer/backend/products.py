@@ -31,11 +31,17 @@ import keras
 from keras import ops
 
 from keras_transformer import environment
+from keras_transformer.backend import layouts
 
 # Below this many multiply-adds, and for one row unless the product is much
 # wider than deep (the logits of a single sentence), `torch.matmul` is as
 # fast or faster (ad hoc timings of decoding's products, from 1 to 84 rows).
 ONEDNN_MIN_PRODUCT = 2**20
+
+# A single row times a kernel in torch's order (`backend/layouts.py`) goes
+# through oneDNN from this many weights: its call costs about 15 us more
+# than `addmm`'s, which it saves from 256 x 512 up (2 cores, AMD EPYC).
+ONEDNN_MIN_LINEAR_ROW = 2**17
 
 # Up to this many rows, XLA:CPU computes the logits table `[N, K]` times the
 # rows as columns faster than the rows times the transposed table (2 to 12
@@ -80,15 +86,17 @@ def pays(x, kernel):
     import torch
 
     (rows, depth), columns = x.shape, kernel.shape[1]
-    return (
+    if not (
         onednn_preferred()
         and _linear() is not None
         and x.dtype == kernel.dtype == torch.float32
         and x.device.type == "cpu"
         and kernel.device.type == "cpu"
-        and rows * depth * columns >= ONEDNN_MIN_PRODUCT
-        and (rows > 1 or columns >= 8 * depth)
-    )
+    ):
+        return False
+    if rows == 1 and depth * columns >= ONEDNN_MIN_LINEAR_ROW and layouts.in_linear_order(kernel):
+        return True
+    return rows * depth * columns >= ONEDNN_MIN_PRODUCT and (rows > 1 or columns >= 8 * depth)
 
 
 def matrix_product(x, kernel, bias=None):

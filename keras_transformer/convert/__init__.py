@@ -13,6 +13,7 @@ import importlib
 import os
 import re
 
+from keras_transformer.backend import layouts
 from keras_transformer.convert.checkpoint import ConversionError
 from keras_transformer.convert.checkpoint import output_directory
 from keras_transformer.data.corpus import read_json_object
@@ -96,6 +97,7 @@ def convert(source, output, dtype=None):
             )
         directory = download(directory)
     family = family_of(directory)
-    with output_directory(output) as temporary:
+    # Its kernels lie in memory as Translator.load lays them (backend/layouts.py).
+    with output_directory(output) as temporary, layouts.linear_order():
         translator = family.convert(directory, temporary, dtype=dtype)
     return translator

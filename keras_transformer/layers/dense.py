@@ -14,12 +14,20 @@ gradients) is Keras's own quantized call.
 import keras
 from keras import ops
 
+from keras_transformer.backend import layouts
 from keras_transformer.backend import norms
 from keras_transformer.backend import products
 from keras_transformer.layers.calls import DirectCalls
 
 
 class _ProductLayer(DirectCalls):
+    def add_weight(self, *args, **kwargs):
+        # Inside `layouts.linear_order()`, a float kernel lies in memory as
+        # torch's Linear weights do (`backend/layouts.py`).
+        if kwargs.get("name") == "kernel" and "initializer" in kwargs:
+            kwargs["initializer"] = layouts.kernel_initializer(kwargs["initializer"], self._contracted_axes())
+        return super().add_weight(*args, **kwargs)
+
     def quantize(self, mode=None, type_check=True, config=None):
         # Keras quantizes subclasses only when told that their float call
         # is all they change.
