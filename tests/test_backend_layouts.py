@@ -14,6 +14,7 @@ from keras_transformer.backend.options import DecodingOptions
 from keras_transformer.decoding import Translator
 from keras_transformer.layers.dense import Dense
 from keras_transformer.layers.dense import EinsumDense
+from keras_transformer.layers.utils import sublayers
 
 TORCH = keras.backend.backend() == "torch"
 
@@ -84,7 +85,7 @@ def test_a_loaded_translator_lays_its_kernels_for_rows_translates_the_same_and_t
     loaded = Translator.load(tmp_path)
     sentences = [s for s in SENTENCES if s.strip()]
     assert loaded.translate(sentences) == translator.translate(sentences)
-    dense = [layer for layer in loaded.model._flatten_layers() if isinstance(layer, (Dense, EinsumDense))]
+    dense = [layer for layer in sublayers(loaded.model) if isinstance(layer, (Dense, EinsumDense))]
     assert dense
     if TORCH:
         for layer in dense:

@@ -357,7 +357,6 @@ def einsum(equation, x, kernel, decoding=None):
         if one_row is not None:
             return one_row
     if keras.backend.backend() == "torch" and _torch_tensor(x) and x.is_floating_point():
-        contracted = matrix_product_form(equation)
         if contracted is not None:
             kernel = _kernel_value(kernel)
             if decoding is not None:
