@@ -222,17 +222,20 @@ def in_one_pass(backend, why):
 
 def torch_operations():
     """A context whose `operations` lists each torch operation (an
-    `aten` overload) dispatched inside it, in order: under torch each is a
-    kernel launch, or, for `_local_scalar_dense`, a read back to the host."""
+    `aten` overload) dispatched inside it, in order, and `arguments` their
+    arguments: under torch each is a kernel launch, or, for
+    `_local_scalar_dense`, a read back to the host."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Operations(TorchDispatchMode):
         def __init__(self):
             super().__init__()
             self.operations = []
+            self.arguments = []
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             self.operations.append(func)
+            self.arguments.append(args)
             return func(*args, **(kwargs or {}))
 
     return Operations()

@@ -202,6 +202,33 @@ def test_int8_products_while_decoding_equal_keras(scope):
         assert calls["aten::_int_mm"] == len(cases)
 
 
+@pytest.mark.parametrize("scope", [None] + DECODING_CALLS)
+def test_int8_sums_rescaled_equal_keras_and_under_torch_make_one_tensor(scope):
+    """int32 sums divided by their row's and column's scales, on every
+    backend as Keras's int8 layers divide them (to a float32 ulp or two);
+    under torch's direct calls as one new tensor, the division in place."""
+    rng = np.random.default_rng(0)
+    sums = keras.ops.convert_to_tensor(rng.integers(-300_000, 300_000, (3, 2, 50)).astype("int32"))
+    rows_scale = keras.ops.convert_to_tensor(rng.uniform(0.5, 90, (3, 2, 1)).astype("float32"))
+    columns_scale = keras.Variable(rng.uniform(0.5, 90, (50,)).astype("float32"), trainable=False)
+    options = None if scope is None else DecodingOptions(**scope)
+    expected = to_numpy(sums).astype("float32") / (to_numpy(rows_scale) * to_numpy(columns_scale))
+
+    def rescaled():
+        return backend_products.int8_rescaled(sums, rows_scale, columns_scale, "float32", options)
+
+    got = rescaled()
+    assert keras.backend.standardize_dtype(got.dtype) == "float32"
+    np.testing.assert_allclose(to_numpy(got), expected, rtol=3e-7)
+    if keras.backend.backend() == "torch" and options is not None and options.direct:
+        import torch
+
+        with torch.profiler.profile() as profile:
+            rescaled()
+        calls = collections.Counter(event.name for event in profile.events())
+        assert (calls["aten::div"], calls["aten::div_"], calls["aten::mul"]) == (1, 1, 0)
+
+
 def test_float_einsum_products_while_decoding_equal_keras():
     """While decoding under torch, an einsum of an input and a kernel in
     matrix-product form is one 2-D product; on every backend it must give

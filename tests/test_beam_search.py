@@ -385,7 +385,7 @@ def test_bad_state_lengths_are_rejected():
 def test_top_k_by_chunks_equals_a_full_top_k(rng, n):
     """Best first, and among equal scores the lower index first (where the
     backend's top-k promises it), whichever chunks the ties fall in (n =
-    5000 also pads its last chunk)."""
+    5000 has a short last chunk, which holds one of the ties)."""
     k = 8
     scores = rng.normal(size=(4, n)).astype("float32")
     scores[0, [7, 300, 1000, 4999]] = 9.0  # a tie across chunks
@@ -464,3 +464,25 @@ def test_the_power_penalty_ranks_hypotheses_cut_at_the_limit_with_the_finished_o
             markov_step(table), ops.full((1,), BOS, dtype="int32"), dummy_state(1), beam_size=2, alpha=1.0,
             max_length=3, eos_id=EOS, penalty="average",
         )  # fmt: skip
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_the_extensions_log_probabilities_are_the_scores_plus_a_log_softmax(rng, direct):
+    """Under torch's direct calls, torch's fused log softmax with the alive
+    scores added in place, `[B, K, V]`; elsewhere None, and the search takes
+    the logsumexp form. Both are `scores + log softmax(logits)`."""
+    from keras_transformer.backend import norms
+    from keras_transformer.backend.options import DecodingOptions
+
+    logits = rng.normal(scale=4.0, size=(6, 300)).astype("float32")
+    scores = rng.normal(size=(2, 3)).astype("float32")
+    got = norms.log_softmax_plus(
+        ops.convert_to_tensor(logits), ops.convert_to_tensor(scores), DecodingOptions(direct=direct)
+    )
+    if not (direct and keras.backend.backend() == "torch"):
+        assert got is None
+        return
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    log_softmax = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    expected = scores[:, :, None] + log_softmax.reshape(2, 3, 300)
+    np.testing.assert_allclose(to_numpy(got), expected, rtol=1e-5, atol=1e-5)

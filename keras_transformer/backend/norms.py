@@ -1,6 +1,7 @@
-"""Keras's layer normalization and bias addition in torch's direct calls
-(a decoding call's `DecodingOptions.direct`, `layers/calls.py`), without
-Keras's dispatch of each op.
+"""Keras's layer normalization and bias addition, and a search's log
+softmax, in torch's direct calls (a decoding call's
+`DecodingOptions.direct`, `layers/calls.py`), without Keras's dispatch of
+each op.
 
 Under torch a step waits on the host, and each `keras.ops` call costs about
 20 microseconds of conversions and dtype rules around the torch function; a
@@ -53,3 +54,28 @@ def add_bias(x, bias, decoding):
     if not _direct_torch(decoding, value) or x.dtype != value.dtype:
         return None
     return x + value
+
+
+
+def add_bias_in_place(x, layer, decoding):
+    """`x += layer.bias` under torch's direct calls, for an `x` that its
+    caller alone holds (a step's new logits): no second `[rows, V]` tensor."""
+    if not _direct_torch(decoding, x) or not layer.built:
+        return None
+    value = layer.bias.value
+    if not _direct_torch(decoding, value) or x.dtype != value.dtype:
+        return None
+    return x.add_(value)
+
+def log_softmax_plus(logits, scores, decoding):
+    """`scores[:, :, None] + log_softmax(logits)` as `[B, K, V]`, for
+    `logits` `[B * K, V]` and `scores` `[B, K]`: a beam's extensions. torch's
+    fused log softmax takes one pass over the logits where its logsumexp
+    takes four (max, subtract, exp, sum), and the scores are added in place."""
+    if not _direct_torch(decoding, logits, scores) or logits.dtype != scores.dtype:
+        return None
+    import torch
+
+    batch_size, beam_size = scores.shape
+    log_probs = torch.log_softmax(logits, dim=-1).view(batch_size, beam_size, -1)
+    return log_probs.add_(scores[:, :, None])

@@ -464,6 +464,19 @@ def int8_rows_by_rows(x, table, decoding=None):
     return rows_by_rows(x)
 
 
+def int8_rescaled(sums, rows_scale, columns_scale, dtype, decoding=None):
+    """int32 `sums` as `dtype`, divided by the scale of their row (`[..., 1]`)
+    and of their column (`[N]`), as Keras's int8 layers divide them. Under
+    torch's direct calls in float32, one tensor is made, not three: a beam's
+    logits are 30 MB a step, and each new tensor of that size is memory
+    the system must map again."""
+    if decoding is not None and decoding.direct and dtype == "float32" and _torch_tensor(sums):
+        import torch
+
+        return torch.div(sums, _kernel_value(columns_scale)).div_(rows_scale)
+    return ops.divide(ops.cast(sums, dtype), ops.multiply(rows_scale, columns_scale))
+
+
 def _paired(row, product):
     """`product(rows)` of `row` `[1, K]` and a row of zeros, and its first row."""
     return product(ops.concatenate([row, ops.zeros_like(row)], axis=0))[:1]

@@ -21,6 +21,7 @@ import numbers
 import keras
 from keras import ops
 
+from keras_transformer.backend import norms
 from keras_transformer.backend import shapes
 from keras_transformer.decoding.search_loop import check_state_lengths
 from keras_transformer.decoding.search_loop import top_k
@@ -240,18 +241,18 @@ def beam_search(
         logits, new_state = step_fn(flat_ids, index, search["state"])
         logits = ops.cast(logits, "float32")
         vocabulary_size = ops.shape(logits)[-1]
-        # log softmax = logits - logsumexp(logits), with the logsumexp
-        # added to the alive log-probabilities: one pass over the logits.
-        offsets = search["alive_log_probs"] - ops.reshape(
-            ops.logsumexp(logits, axis=-1), (batch_size, beam_size)
-        )  # [B, K]
-
         # The 2K best extensions of the alive hypotheses.
-        candidate_log_probs = ops.reshape(
-            offsets[:, :, None]
-            + ops.reshape(logits, (batch_size, beam_size, vocabulary_size)),
-            (batch_size, -1),  # [B, K * V]
-        )
+        candidate_log_probs = norms.log_softmax_plus(logits, search["alive_log_probs"], decoding)
+        if candidate_log_probs is None:
+            # log softmax = logits - logsumexp(logits), with the logsumexp
+            # added to the alive log-probabilities: one pass over the logits.
+            offsets = search["alive_log_probs"] - ops.reshape(
+                ops.logsumexp(logits, axis=-1), (batch_size, beam_size)
+            )  # [B, K]
+            candidate_log_probs = offsets[:, :, None] + ops.reshape(
+                logits, (batch_size, beam_size, vocabulary_size)
+            )
+        candidate_log_probs = ops.reshape(candidate_log_probs, (batch_size, -1))  # [B, K * V]
         top_log_probs, top_indices = top_k(candidate_log_probs, 2 * beam_size)
         top_beams = top_indices // vocabulary_size  # [B, 2K]
         top_tokens = ops.cast(top_indices % vocabulary_size, "int32")

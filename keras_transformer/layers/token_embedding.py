@@ -146,9 +146,8 @@ class TokenEmbedding(DirectCalls, keras.layers.Layer):
             rows = ops.reshape(states, (-1, self.d_model))
             sums = products.int8_rows_by_rows(rows, self.embeddings, decoding)  # int32
             sums = ops.reshape(sums, tuple(ops.shape(states)[:-1]) + (self.vocabulary_size,))
-            logits = ops.divide(
-                ops.cast(sums, self.compute_dtype),
-                ops.multiply(states_scale, self.embeddings_scale),
+            logits = products.int8_rescaled(
+                sums, states_scale, self.embeddings_scale, self.compute_dtype, decoding
             )
             return ops.cast(logits, "float32") if float32 else logits
         rows = ops.take(self.embeddings, inputs, axis=0)
