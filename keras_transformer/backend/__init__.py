@@ -13,6 +13,8 @@ backend, how a few operations are computed:
 - `attention`: torch's fused attention on the layouts our layers keep;
 - `shapes`: reshapes and cache writes without Keras's symbolic checks
   under torch;
+- `norms`: layer normalization, bias additions and a beam's log softmax
+  under torch's direct calls;
 - `loops`: `while_loop`, whose bodies a torch decoding call records once
   and replays;
 - `random`: seeded dropout whose stream lives in host memory under torch;
