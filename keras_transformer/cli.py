@@ -1,5 +1,5 @@
 """The command line: prepare data, train, translate, score a test set, tune
-the search on a validation set, plot attention, export.
+the search on a validation set, plot attention, export, serve.
 
     python -m keras_transformer prepare --source train.en --target train.de \
         --output data/mine --vocabulary-size 8000
@@ -14,6 +14,7 @@ the search on a validation set, plot attention, export.
     python -m keras_transformer plot-attention --model-dir runs/quickstart \\
         --text "The old man sees the dog." --output runs/attention.png
     python -m keras_transformer export --model-dir runs/quickstart --name quickstart
+    python -m keras_transformer serve --model-dir runs/quickstart --port 5000
 
 `--model-dir` is a directory written by `train` or `Translator.save` (the
 recipes write one). The same commands run as `keras-transformer ...` once the
@@ -32,6 +33,7 @@ from keras_transformer.decoding.streaming import WINDOW_LINES
 from keras_transformer.files import CannotWrite
 from keras_transformer.files import write_atomically
 from keras_transformer.models.config import ModelConfig
+from keras_transformer.serving import command as serve_command
 
 
 def _add_search_arguments(parser):
@@ -211,6 +213,8 @@ def _add_train_arguments(parser):
         ("valid-target", "validation target text"),
     ):
         files.add_argument(f"--{name}", nargs="+", metavar="FILE", help=help_text + "; several files are read in turn")
+    files.add_argument("--source-language", metavar="CODE", help="the source language's code, saved with the translator for `serve` (default: --train-source's suffix, such as en for train.en)")
+    files.add_argument("--target-language", metavar="CODE", help="the target language's code (default: --train-target's suffix)")
     files.add_argument("--valid-fraction", type=float, help="instead of --valid-source/--valid-target: hold out this fraction of the training pairs (the same ones each time)")
     files.add_argument("--train-data", metavar="DIR", help="a dataset written by `prepare`, in place of --train-source and --train-target")
     files.add_argument("--model-dir", help="where checkpoints, logs and the trained translator go")
@@ -481,11 +485,10 @@ def main(argv=None):
         help="the most one request may cost: texts x (the longest text's tokens + "
         "max_extra_length) (default: what 32 texts of max_source_length tokens cost)",
     )
-    command.add_argument(
-        "--max-request-rows", type=int,
-        help="the most texts one request may hold (default: 64)",
-    )
+    command.add_argument("--max-request-rows", type=int, help="the most texts one request may hold (default: 64)")
     command.set_defaults(run=export)
+
+    serve_command.register(add_command)
 
     args = parser.parse_args(argv)
     if running_as_command():

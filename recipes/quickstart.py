@@ -173,7 +173,7 @@ def main(args):
     accuracy = history.history["val_masked_token_accuracy"][-1]
     print(f"Trained {model.count_params():,} parameters in {time.time() - start:.0f}s; "
           f"validation token accuracy {accuracy:.1%}")
-    translator = Translator(model, tokenizer, beam_size=4, alpha=0.6)
+    translator = Translator(model, tokenizer, beam_size=4, alpha=0.6, languages=("en", "de"))
     translator.save(args.model_dir)
     with open(os.path.join(args.model_dir, BACKEND_FILE), "w") as file:
         file.write(backend + "\n")

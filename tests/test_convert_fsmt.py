@@ -161,6 +161,7 @@ def test_saved_translator_loads_exactly(converted):
     loaded = Translator.load(output)
     expected_beam = 4 if output.name.endswith("fsmt") else 5  # config.json's num_beams; args.beam
     assert (loaded.beam_size, loaded.alpha, loaded.length_penalty) == (expected_beam, 1.0, "power")
+    assert loaded.languages == ("en", "de")  # FSMT's langs; fairseq's source_lang and target_lang
     assert isinstance(loaded.tokenizer, MosesBpeTokenizer)
     assert loaded.tokenizer.fingerprint() == translator.tokenizer.fingerprint() == load_tokenizer(output).fingerprint()
     inputs = {"source_ids": np.array([[5, 9, 14, 3]]), "target_ids": np.array([[2, 7, 30]])}

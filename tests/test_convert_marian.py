@@ -107,6 +107,7 @@ def test_saved_translator_loads_exactly(converted):
     _, _, translator, root = converted
     loaded = Translator.load(root / "ours")
     assert (loaded.beam_size, loaded.alpha, loaded.length_penalty) == (4, 1.0, "power")
+    assert loaded.languages == ("en", "de")  # MarianTokenizer's source_lang and target_lang
     inputs = {"source_ids": np.array([[5, 9, 14, 3]]), "target_ids": np.array([[2, 7, 30]])}
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(loaded.model(inputs)), keras.ops.convert_to_numpy(translator.model(inputs)))
     assert loaded.translate(SENTENCES) == translator.translate(SENTENCES)

@@ -19,6 +19,7 @@ TESTED = {
     ("README.md", 'echo "The old man sees the dog."'): "test_readme.py::test_the_readme_translate_example_prints_what_it_shows",
     ("README.md", "python -m keras_transformer plot-attention"): "test_readme.py::test_the_readme_command_line_examples_print_what_they_show",
     ("README.md", "docker run --rm -p 8501:8501"): "test_readme.py::test_the_readme_export_serves_the_curl_example",
+    ("README.md", "python -m keras_transformer serve"): "test_readme.py::test_the_readme_serve_command_answers_its_curl_example",
     ("saved_models/README.md", "python saved_models/translate_file.py"): "test_export.py::test_translate_file_serves_a_file_as_the_translator_translates_it",
 }
 

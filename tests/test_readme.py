@@ -252,3 +252,38 @@ def test_the_readme_export_serves_the_curl_example(workdir, monkeypatch, capsys)
     served = tf.saved_model.load("saved_models/quickstart/1").signatures["serving_default"]
     translations = served(text=tf.constant(request["instances"]))["translation"].numpy()
     assert [t.decode() for t in translations] == kt.Translator.load("runs/quickstart").translate(request["instances"])
+
+
+@in_one_pass("torch", "the README's text; each backend's server is tested in test_serve.py")
+@slow  # needs `workdir`, the quick start's training
+def test_the_readme_serve_command_answers_its_curl_example(workdir):
+    """The README's serve command, on a free port and without the warm-up
+    (minutes of compiling every shape, which tests/test_serve.py leaves out
+    too), answers its curl with what the README shows."""
+    import signal
+    import time
+
+    from process_runs import free_port
+
+    block = next(b for b in code_blocks("bash") if "keras_transformer serve" in b)
+    (serve, _), (curl, shown) = commands_with_output(block)
+    port = str(free_port())
+    arguments = shlex.split(serve.rstrip("&"))
+    assert arguments[:4] == ["python", "-m", "keras_transformer", "serve"]
+    process = subprocess.Popen(
+        [sys.executable, *arguments[1:], "--port", port, "--no-warm-up"], cwd=workdir,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert process.stdout.readline().startswith(f"Serving en-de (runs/quickstart) at http://127.0.0.1:{port} on ")
+        curl = shlex.split(curl.replace("localhost:5000", f"localhost:{port}"))
+        deadline = time.time() + 120
+        while (result := subprocess.run(curl, capture_output=True, text=True, timeout=300)).returncode != 0:
+            assert time.time() < deadline and process.poll() is None, process.stderr.read()[-2000:]
+            time.sleep(0.2)
+        assert result.stdout.splitlines() == shown
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+    finally:
+        process.kill()
+        process.wait()

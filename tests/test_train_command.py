@@ -317,7 +317,8 @@ def test_multi30k_recipe_smoke_mode_trains_and_scores_test2016(tmp_path):
     tuning = results["val_alpha_tuning"]
     assert [(r["beam_size"], r["alpha"]) for r in tuning] == [(4, 0.6), (4, 1.0), (4, 1.4)]
     alpha = max(tuning, key=lambda r: r["bleu"])["alpha"]
-    assert json.loads((tmp_path / "run" / "translator.json").read_text())["alpha"] == alpha
+    saved = json.loads((tmp_path / "run" / "translator.json").read_text())
+    assert (saved["alpha"], saved["languages"]) == (alpha, ["de", "en"])  # the pair: train.de.gz, train.en.gz
     assert [(r["model"], r["search"]) for r in results["test2016"]] == [
         ("last checkpoint", "greedy"), ("last checkpoint", f"beam 4, alpha {alpha}"),
         ("average of last 2", "greedy"), ("average of last 2", f"beam 4, alpha {alpha}"),

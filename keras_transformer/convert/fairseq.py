@@ -22,6 +22,7 @@ import numpy as np
 from keras_transformer.convert import fsmt
 from keras_transformer.convert.checkpoint import ConversionError
 from keras_transformer.convert.checkpoint import Tensors
+from keras_transformer.data.languages import pair_or_none
 from keras_transformer.data.moses_bpe import END_OF_WORD
 from keras_transformer.data.moses_bpe import SPECIAL_TOKENS
 from keras_transformer.data.moses_bpe import MosesBpeTokenizer
@@ -233,7 +234,8 @@ def convert(directory, output, dtype=None):
         raise ConversionError(f"{directory} has no bpecodes. Expected the BPE codes beside model.pt.")
     files["merges.txt"] = read_merges(codes[0])
     tokenizer = MosesBpeTokenizer(files, ids, *languages)
-    settings = {"beam_size": int(args["beam"]), "alpha": float(args["lenpen"]), "length_penalty": "power"}
+    settings = {"beam_size": int(args["beam"]), "alpha": float(args["lenpen"]), "length_penalty": "power",
+                "languages": pair_or_none(*languages)}
     translator = fsmt.build_translator(model_fields, found, shared, ids, tokenizer, settings, dtype, path)
     translator.save(output)
     return translator

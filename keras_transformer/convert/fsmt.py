@@ -28,6 +28,7 @@ from keras_transformer.convert.checkpoint import search_settings
 from keras_transformer.convert.checkpoint import stack_fields
 from keras_transformer.data.corpus import read_json_object
 from keras_transformer.data.id_map import IdMap
+from keras_transformer.data.languages import pair_or_none
 from keras_transformer.data.moses_bpe import MosesBpeTokenizer
 
 MODEL_TYPE = "fsmt"
@@ -183,8 +184,7 @@ def convert(directory, output, dtype=None):
     ids = id_map(config, unknown)
     found, shared = weights(config, read_tensors(directory), ids)
     tokenizer = MosesBpeTokenizer.from_directory(directory, ids, *languages, lowercase=lowercase)
-    translator = build_translator(
-        model_fields, found, shared, ids, tokenizer, search_settings(directory, config), dtype, source
-    )
+    settings = search_settings(directory, config) | {"languages": pair_or_none(*languages)}
+    translator = build_translator(model_fields, found, shared, ids, tokenizer, settings, dtype, source)
     translator.save(output)
     return translator

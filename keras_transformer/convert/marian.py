@@ -23,7 +23,9 @@ from keras_transformer.convert.checkpoint import read_tensors
 from keras_transformer.convert.checkpoint import search_settings
 from keras_transformer.convert.checkpoint import sinusoids_in_halves
 from keras_transformer.convert.checkpoint import stack_fields
+from keras_transformer.data.corpus import read_json_object
 from keras_transformer.data.id_map import IdMap
+from keras_transformer.data.languages import pair_or_none
 from keras_transformer.data.marian_tokenizer import MarianTokenizer
 
 MODEL_TYPE = "marian"
@@ -74,6 +76,14 @@ def weights(config, tensors, ids, shared):
     return found
 
 
+def languages(directory):
+    """The pair MarianTokenizer's settings name (`source_lang`,
+    `target_lang`), or None."""
+    path = os.path.join(directory, "tokenizer_config.json")
+    settings = read_json_object(path) if os.path.isfile(path) else {}
+    return pair_or_none(settings.get("source_lang"), settings.get("target_lang"))
+
+
 def convert(directory, output, dtype=None):
     """Writes the translator of the Marian checkpoint in `directory` into
     the (temporary) directory `output`; returns our `Translator`."""
@@ -100,7 +110,8 @@ def convert(directory, output, dtype=None):
     assign(model, weights(config, read_tensors(directory), ids, shared), source)
     tokenizer = MarianTokenizer.from_directory(directory, ids)
     translator = Translator(
-        model, tokenizer, max_source_length=min(512, model.max_length), **search_settings(directory, config)
+        model, tokenizer, max_source_length=min(512, model.max_length), languages=languages(directory),
+        **search_settings(directory, config),
     )
     translator.save(output)
     return translator

@@ -14,6 +14,7 @@ from keras_transformer.backend import layouts
 from keras_transformer.checks import describe_error
 from keras_transformer.data.corpus import read_json_object
 from keras_transformer.data.pipeline import bucket_lengths
+from keras_transformer.data.languages import check_pair
 from keras_transformer.data.tokenizers import load_tokenizer
 from keras_transformer.decoding.beam_search import check_alpha
 from keras_transformer.decoding.beam_search import check_length_penalty
@@ -78,6 +79,10 @@ class Translator:
         warm_up: False; True to compile every shape a batch can take here,
             or a list of row counts (`[1]`: sentences one at a time) to
             compile those (`Translator.warm_up`).
+        languages: None, or the `(source, target)` language codes it
+            translates between, such as `("en", "de")`: `train` and
+            `convert` set them where the files name them, and `serve`
+            routes requests by them.
 
     Example:
         >>> translator = Translator.load("runs/quickstart")
@@ -98,6 +103,7 @@ class Translator:
         quantize=None,
         length_penalty="gnmt",
         warm_up=False,
+        languages=None,
     ):
         for name, value, least in (
             ("beam_size", beam_size, 1),
@@ -122,6 +128,7 @@ class Translator:
                 f"tokenizer.vocabulary_size={tokenizer.vocabulary_size}, "
                 f"model.vocabulary_size={model.vocabulary_size}"
             )
+        self.languages = check_pair(languages)
         self.model = quantized(model, quantize) if quantize else model
         self.quantize = quantize
         self.tokenizer = tokenizer
@@ -209,6 +216,7 @@ class Translator:
             batch_size=self.batch_size,
             jit_compile=self.jit_compile,
             length_penalty=self.length_penalty,
+            languages=self.languages,
         )
         other.quantize = self.quantize  # its model is this one's, already quantized
         return other
@@ -251,7 +259,7 @@ class Translator:
             return results
         # One detokenizer call for every hypothesis of every sentence.
         translations = iter(
-            self._detokenize([row for _, ids, _ in found.values() for row in ids.tolist()])
+            self.detokenize([row for _, ids, _ in found.values() for row in ids.tolist()])
         )
         for i, (_, ids, scores) in found.items():
             results[i] = [(next(translations), float(score)) for score in scores]
@@ -358,7 +366,7 @@ class Translator:
         limits = np.array([len(ids) - 1 + self.max_extra_length for ids in sources], "int32")
         return source_ids, limits
 
-    def _detokenize(self, id_lists):
+    def detokenize(self, id_lists):
         """Strings from lists of ids, each cut at its first EOS."""
         rows = []
         for ids in id_lists:
@@ -376,6 +384,7 @@ class Translator:
             "max_source_length": self.max_source_length,
             "batch_size": self.batch_size,
             "quantize": self.quantize,
+            "languages": None if self.languages is None else list(self.languages),
         }
 
     def save(self, directory):

@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_transformer.backend import norms
 from keras_transformer.layers.calls import DirectCalls
 
 
@@ -37,6 +38,13 @@ class LogitsBias(DirectCalls, keras.layers.Layer):
 
     def call(self, logits):
         return ops.add(logits, ops.cast(self.bias, logits.dtype))
+
+    def add_to_new(self, logits, decoding=None):
+        """`self(logits)` for logits just made, which no one else holds:
+        under torch's direct calls the bias is added into them, with no
+        second `[rows, V]` tensor."""
+        biased = norms.add_bias_in_place(logits, self, decoding)
+        return self(logits, decoding=decoding) if biased is None else biased
 
     def compute_output_spec(self, logits):
         return keras.KerasTensor(logits.shape, dtype=logits.dtype)

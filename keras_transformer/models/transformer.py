@@ -6,7 +6,6 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_transformer.backend import norms
 from keras_transformer.backend import shapes
 from keras_transformer.checks import TokenIdCheck
 from keras_transformer.checks import check_model_inputs
@@ -258,11 +257,7 @@ class Transformer(CheckedData, keras.Model):
         # float32 logits keep the softmax and the loss exact under mixed
         # precision.
         logits = self.output_projection(x, reverse=True, float32=True, decoding=decoding)
-        if self.logits_bias is None:
-            return logits
-        # The logits are new and ours alone: under torch, the bias is added in place.
-        biased = norms.add_bias_in_place(logits, self.logits_bias, decoding)
-        return self.logits_bias(logits, decoding=decoding) if biased is None else biased
+        return logits if self.logits_bias is None else self.logits_bias.add_to_new(logits, decoding)
 
     def encode(self, source_ids, training=False, decoding=None):
         """Runs the encoder stack alone.

@@ -7,6 +7,8 @@ import math
 import os
 
 from keras_transformer.data.corpus import read_json_object
+from keras_transformer.data.languages import check_code
+from keras_transformer.data.languages import language_of_file
 from keras_transformer.data.prepared import is_prepared
 from keras_transformer.data.tokenizer import MODEL_FILE as VOCABULARY_FILE
 from keras_transformer.files import write_atomically
@@ -41,6 +43,11 @@ class TrainingConfig:
             its vocabulary is the run's.
         valid_source, valid_target: validation files: the validation loss
             and greedy BLEU at each checkpoint, and nothing else.
+        source_language, target_language: the codes of the languages
+            translated between, saved with the translator (`serve` routes
+            requests by them): by default the training files' suffixes
+            (`train.en` and `train.de` give en and de), else those of the
+            translator `init_from` names, else none.
         valid_fraction: instead of validation files, hold out this fraction
             of the training text's pairs (the same pairs for the same files)
             when it is prepared; they are kept as text in `model_dir/data/`.
@@ -94,6 +101,8 @@ class TrainingConfig:
     valid_source: list = dataclasses.field(default_factory=list)
     valid_target: list = dataclasses.field(default_factory=list)
     valid_fraction: float = None
+    source_language: str = None
+    target_language: str = None
     train_data: str = None
     vocabulary: str = None
     vocabulary_size: int = 8000
@@ -134,6 +143,11 @@ class TrainingConfig:
             if value is not None and not isinstance(value, path) or (name == "model_dir" and value is None):
                 raise TypeError(f"`{name}` must be a folder's path; received {value!r}.")
             setattr(self, name, None if value is None else os.fspath(value))
+        for name, files in (("source_language", self.train_source), ("target_language", self.train_target)):
+            value = getattr(self, name)
+            if value is None and files:
+                value = language_of_file(files[0])
+            setattr(self, name, None if value is None else check_code(value, f"`{name}`"))
         if not isinstance(self.model or {}, dict):
             raise TypeError(
                 f"`model` must be an object of architecture fields, such as {{\"num_layers\": 3}}; "

@@ -236,7 +236,7 @@ def train_translator(config, resume=False, log=print, verbose=0):
     translator = Translator(
         final, tokenizer, beam_size=config.beam_size, alpha=config.alpha,
         max_extra_length=config.max_extra_length, max_source_length=config.max_tokens,
-        length_penalty=_length_penalty(config),
+        length_penalty=_length_penalty(config), languages=_languages(config),
     )
     translator.save(config.model_dir)
     log(
@@ -302,6 +302,14 @@ def _length_penalty(config):
     converted one's is its own tools'), or the paper's."""
     path = os.path.join(config.init_from or "", TRANSLATOR_CONFIG_FILE)
     return read_json_object(path).get("length_penalty", "gnmt") if config.init_from and os.path.isfile(path) else "gnmt"
+
+
+def _languages(config):
+    """The run's language pair, else the started-from translator's, else None."""
+    if config.source_language and config.target_language:
+        return config.source_language, config.target_language
+    path = os.path.join(config.init_from or "", TRANSLATOR_CONFIG_FILE)
+    return read_json_object(path).get("languages") if config.init_from and os.path.isfile(path) else None
 
 
 def _initial_model(config, tokenizer):

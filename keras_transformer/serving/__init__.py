@@ -1,0 +1,98 @@
+"""`keras-transformer serve`: translators behind LibreTranslate's HTTP API,
+with the sentences of concurrent requests decoded together.
+
+`serve(...)` loads the translators, compiles their shapes ahead, and runs
+the server until it is stopped (SIGINT or SIGTERM: the requests accepted
+are answered first). `create_app` gives the ASGI application alone, for a
+server of one's own.
+"""
+
+import signal
+import threading
+import time
+
+import keras
+
+from keras_transformer.serving.app import Limits
+from keras_transformer.serving.app import create_app
+from keras_transformer.serving.metrics import Metrics
+from keras_transformer.serving.service import Service
+
+__all__ = ["Limits", "Metrics", "Service", "create_app", "load_translators", "serve"]
+
+MISSING_EXTRA = 'serve needs Starlette and uvicorn: pip install "keras-vaswani[serve]" (or, in a clone, pip install -e ".[serve]")'
+
+
+def load_translators(model_dirs, languages=None, warm_up=True, **overrides):
+    """`{(source, target): (translator, directory)}` of the translator
+    directories, with `languages` (pairs aligned with them, None to keep a
+    translator's own), and the warm-up's `(programs, seconds)`."""
+    from keras_transformer.data.languages import check_pair
+    from keras_transformer.decoding import Translator
+
+    languages = [None] * len(model_dirs) if languages is None else list(languages)
+    if len(languages) != len(model_dirs):
+        raise ValueError(
+            f"Give a language pair for each model directory, or none. Received {len(model_dirs)} "
+            f"directories and {len(languages)} pairs."
+        )
+    translators, programs, start = {}, 0, time.perf_counter()
+    for directory, pair in zip(model_dirs, languages):
+        translator = Translator.load(directory, **overrides)
+        pair = check_pair(pair) or translator.languages
+        if pair is None:
+            raise ValueError(
+                f"{directory} names no language pair (a translator trained before pairs were saved). "
+                "Give one with --languages, such as --languages en-de."
+            )
+        if pair in translators:
+            raise ValueError(f"{translators[pair][1]} and {directory} both translate {pair[0]}-{pair[1]}; serve one.")
+        if warm_up:
+            programs += translator.warm_up()[0]
+        translators[pair] = (translator, directory)
+    return translators, (programs, time.perf_counter() - start)
+
+
+def serve(model_dirs, languages=None, host="127.0.0.1", port=5000, warm_up=True, limits=Limits(),
+          batching=None, log=None, **overrides):
+    """Serves the translators of `model_dirs` until stopped.
+
+    Args:
+        model_dirs: translator directories (`train`'s or `convert`'s).
+        languages: None, or a `(source, target)` pair (or None) for each.
+        host, port: where to listen.
+        warm_up: compile every shape a batch can take before serving.
+        limits: what one request may hold (`Limits`).
+        batching: `Batcher`'s `max_tokens`, `max_wait`, `max_queue`.
+        log: where the start-up line goes.
+        **overrides: `Translator.load` settings, such as `beam_size=1`.
+    """
+    try:
+        import starlette  # noqa: F401 - create_app's
+        import uvicorn
+    except ImportError:
+        raise ValueError(MISSING_EXTRA) from None
+    translators, (programs, seconds) = load_translators(model_dirs, languages, warm_up, **overrides)
+    metrics = Metrics()
+    service = Service(translators, metrics, **(batching or {}))
+    app = create_app(service, limits, backend=keras.backend.backend())
+    served = ", ".join(f"{s}-{t} ({directory})" for (s, t), (_, directory) in translators.items())
+    compiled = f"; warm-up: {programs} programs in {seconds:.1f} s" if warm_up else ""
+    message = f"Serving {served} at http://{host}:{port} on {keras.backend.backend()}{compiled}"
+    print(message, flush=True) if log is None else log(message)
+    # uvicorn answers SIGINT and SIGTERM by answering the requests it
+    # accepted and running the application's shutdown (the batchers'), then
+    # raises the signal again for the handler it found: a stop asked for
+    # is a clean exit, status 0.
+    stops = (signal.SIGINT, signal.SIGTERM)
+    main = threading.current_thread() is threading.main_thread()
+    previous = [signal.signal(stop, _exit_cleanly) for stop in stops] if main else []
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=60)
+    finally:
+        for stop, handler in zip(stops, previous):
+            signal.signal(stop, handler)
+
+
+def _exit_cleanly(signum, frame):
+    raise SystemExit(0)

@@ -1,0 +1,145 @@
+"""Batching across requests: the sentences of every request waiting for one
+translator are decoded together.
+
+Requests arrive on the server's event loop; one thread per translator
+decodes. A batch starts when the thread is free: it takes the waiting
+sentences, up to a token budget, after waiting at most `max_wait` for more
+to join the first. The `Translator` then sorts them by length into its own
+batches, padded to its buckets of source lengths and row counts, so that a
+compiled backend meets only the shapes `Translator.warm_up` compiled.
+"""
+
+import asyncio
+import collections
+import concurrent.futures
+import dataclasses
+import time
+
+
+class QueueFull(Exception):
+    """More sentences are waiting than the server accepts: try again later."""
+
+
+@dataclasses.dataclass
+class _Sentence:
+    ids: list  # source token ids, EOS last
+    future: asyncio.Future
+    arrived: float
+
+
+class Batcher:
+    """Decodes the sentences of concurrent requests together.
+
+    Args:
+        translator: the `Translator` that decodes.
+        max_tokens: the most source tokens a batch takes (a single longer
+            sentence still goes, alone).
+        max_wait: seconds a batch waits for sentences to join its first.
+        max_queue: the most sentences waiting; `translate` raises
+            `QueueFull` past it rather than wait without bound.
+        metrics: a `Metrics` that counts batches and queue depth, or None.
+    """
+
+    def __init__(self, translator, max_tokens=4096, max_wait=0.005, max_queue=1024, metrics=None):
+        for name, value in (("max_tokens", max_tokens), ("max_queue", max_queue)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1. Received: {name}={value!r}")
+        if not isinstance(max_wait, (int, float)) or not 0 <= max_wait < 10:
+            raise ValueError(f"max_wait must be seconds in [0, 10). Received: max_wait={max_wait!r}")
+        self.translator = translator
+        self.max_tokens = max_tokens
+        self.max_wait = max_wait
+        self.max_queue = max_queue
+        self.metrics = metrics
+        self._waiting = collections.deque()
+        self._arrived = None  # an asyncio.Event, made on the loop that serves
+        self._worker = None
+        # One thread decodes: the backend's own threads use every core.
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="translate")
+
+    @property
+    def depth(self):
+        """Sentences waiting, not yet in a batch."""
+        return len(self._waiting)
+
+    def start(self):
+        """Starts the decoding loop on the running event loop."""
+        self._arrived = asyncio.Event()
+        self._worker = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self):
+        """Decodes what is waiting, then ends the loop and its thread."""
+        while self._waiting:
+            await asyncio.sleep(self.max_wait or 0.001)
+        if self._worker is not None:
+            self._worker.cancel()
+            try:
+                await self._worker
+            except asyncio.CancelledError:
+                pass
+        self._executor.shutdown(wait=True)
+
+    async def search(self, sources):
+        """`(ids, scores)` of each source (token ids, EOS last), decoded
+        with the sentences of other requests. Cancelling the caller cancels
+        its sentences that have not started."""
+        if self.depth + len(sources) > self.max_queue:
+            raise QueueFull(
+                f"{self.depth} sentences are waiting and this request adds {len(sources)}; "
+                f"the server accepts {self.max_queue}"
+            )
+        loop = asyncio.get_running_loop()
+        sentences = [_Sentence(list(ids), loop.create_future(), time.perf_counter()) for ids in sources]
+        self._waiting.extend(sentences)
+        self._arrived.set()
+        try:
+            return await asyncio.gather(*(sentence.future for sentence in sentences))
+        except asyncio.CancelledError:
+            for sentence in sentences:
+                sentence.future.cancel()  # those not decoded yet are skipped
+            raise
+
+    def _take_batch(self):
+        """The waiting sentences up to the token budget, oldest first;
+        cancelled ones are dropped."""
+        batch, tokens = [], 0
+        while self._waiting:
+            sentence = self._waiting[0]
+            if sentence.future.done():  # its request was cancelled
+                self._waiting.popleft()
+                continue
+            if batch and tokens + len(sentence.ids) > self.max_tokens:
+                break
+            batch.append(self._waiting.popleft())
+            tokens += len(sentence.ids)
+        return batch
+
+    async def _run(self):
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._arrived.wait()
+            self._arrived.clear()
+            if self.max_wait and self._waiting:
+                # The first sentence waits a moment for others to join it.
+                first = self._waiting[0].arrived
+                await asyncio.sleep(max(0.0, first + self.max_wait - time.perf_counter()))
+            batch = self._take_batch()
+            if self._waiting:
+                self._arrived.set()  # more than a batch: go round again
+            if not batch:
+                continue
+            started = time.perf_counter()
+            try:
+                found = await loop.run_in_executor(
+                    self._executor, self.translator.search_ids, [sentence.ids for sentence in batch]
+                )
+            except Exception as error:  # noqa: BLE001 - each request gets the error
+                for sentence in batch:
+                    if not sentence.future.done():
+                        sentence.future.set_exception(error)
+                continue
+            for sentence, result in zip(batch, found):
+                if not sentence.future.done():
+                    sentence.future.set_result(result)
+            if self.metrics is not None:
+                self.metrics.batch(len(batch), time.perf_counter() - started)

@@ -1,0 +1,232 @@
+"""`keras-transformer serve`: LibreTranslate's API over real HTTP on
+127.0.0.1, batching across requests, and the errors it answers with."""
+
+import concurrent.futures
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import keras
+import pytest
+from process_runs import command
+from process_runs import free_port
+from translation_fixtures import model  # noqa: F401 (a fixture)
+from translation_fixtures import tokenizer  # noqa: F401 (a fixture)
+
+from keras_transformer.decoding import Translator
+from keras_transformer.serving import Limits
+from keras_transformer.serving import Metrics
+from keras_transformer.serving import Service
+from keras_transformer.serving import create_app
+from keras_transformer.serving import load_translators
+
+libretranslatepy = pytest.importorskip("libretranslatepy", reason="the test extra's LibreTranslate client")
+uvicorn = pytest.importorskip("uvicorn", reason="the serve extra")
+
+TEXTS = ["the old man sees the dog .", "a woman helps the small child .", "the cat ."]
+
+
+@pytest.fixture
+def model_dir(model, tokenizer, tmp_path):  # noqa: F811 (fixtures)
+    directory = tmp_path / "en-de"
+    Translator(model, tokenizer, beam_size=2, max_extra_length=6, max_source_length=32,
+               batch_size=8, languages=("en", "de")).save(directory)
+    return str(directory)
+
+
+class Server:
+    """A served app in a thread of this process, on a free port."""
+
+    def __init__(self, model_dirs, limits=Limits(), **batching):
+        translators, _ = load_translators(model_dirs, warm_up=False)
+        self.translators = translators
+        self.service = Service(translators, Metrics(), **batching)
+        self.port = free_port()
+        config = uvicorn.Config(create_app(self.service, limits, backend=keras.backend.backend()),
+                                host="127.0.0.1", port=self.port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.time() + 30
+        while not self.server.started:
+            assert time.time() < deadline and self.thread.is_alive(), "the server did not start"
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(30)
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.port}/"
+
+    def post(self, path, body, content_type="application/json"):
+        """`(status, JSON answer, headers)` of a POST of `body` (bytes)."""
+        request = urllib.request.Request(self.url + path.lstrip("/"), data=body, headers={"Content-Type": content_type})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                return response.status, json.loads(response.read()), response.headers
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read()), error.headers
+
+
+def translate_json(**fields):
+    return json.dumps(fields).encode()
+
+
+def test_libretranslate_s_client_gets_what_translate_gives(model_dir):
+    """LibreTranslate's own Python client, unchanged, against the server:
+    each text as `Translator.translate` gives it, and the pair listed."""
+    translator = Translator.load(model_dir)
+    with Server([model_dir]) as server:
+        client = libretranslatepy.LibreTranslateAPI(server.url)
+        for text in TEXTS:
+            assert client.translate(text, "en", "de") == translator.translate([text])[0]
+        assert client.languages() == [
+            {"code": "de", "name": "German", "targets": []},
+            {"code": "en", "name": "English", "targets": ["de"]},
+        ]
+        status, answer, _ = server.post("/translate", translate_json(q=TEXTS, source="en", target="de"))
+        assert (status, answer) == (200, {"translatedText": translator.translate(TEXTS)})
+
+
+def test_concurrent_requests_are_decoded_together(model_dir):
+    """Sentences of requests that arrive together share batches, and each
+    request gets its own sentences' translations."""
+    translator = Translator.load(model_dir)
+    expected = translator.translate(TEXTS)
+    with Server([model_dir], max_wait=0.2) as server:
+        with concurrent.futures.ThreadPoolExecutor(len(TEXTS) * 2) as pool:
+            answers = list(pool.map(
+                lambda text: server.post("/translate", translate_json(q=text, source="en", target="de")),
+                TEXTS * 2,
+            ))
+        assert [answer["translatedText"] for _, answer, _ in answers] == expected * 2
+        batches = server.service.metrics.batches["en-de"]
+        assert sum(batches.counts) < len(TEXTS) * 2  # fewer batches than requests
+        text = urllib.request.urlopen(server.url + "metrics", timeout=10).read().decode()
+        assert 'translate_requests_total{route="/translate",status="200"} 6' in text
+
+
+def test_lines_and_paragraphs_are_kept_and_a_long_line_is_split_with_a_warning(model_dir):
+    translator = Translator.load(model_dir)
+    long_line = " ".join(TEXTS * 4)  # past max_source_length=32 tokens
+    text = f"{TEXTS[0]}\n{TEXTS[1]}\n\n{long_line}\n"
+    with Server([model_dir]) as server:
+        status, answer, _ = server.post("/translate", translate_json(q=text, source="en", target="de"))
+    assert status == 200
+    lines = answer["translatedText"].split("\n")
+    assert lines[:2] == translator.translate(TEXTS[:2]) and lines[2] == "" and lines[4] == ""
+    assert lines[3]  # the long line, translated in pieces and joined
+    (warning,) = answer["warnings"]
+    assert warning.startswith("texts[0] line 4 has ") and "translated in" in warning
+
+
+def test_bad_requests_get_a_json_error_and_the_server_keeps_serving(model_dir):
+    translator = Translator.load(model_dir)
+    limits = Limits(request_bytes=20_000, texts=50, characters=5_000)
+    with Server([model_dir], limits, max_queue=40) as server:
+        cases = [
+            (b"{not json", "application/json", 400, "not valid JSON"),
+            (b'{"q": "\xff\xfe", "source": "en", "target": "de"}', "application/json", 400, "not valid UTF-8"),
+            (translate_json(q="x" * 30_000, source="en", target="de"), "application/json", 413, "at most 20,000"),
+            (translate_json(q=["a ."] * 60, source="en", target="de"), "application/json", 400, "at most 50 a request"),
+            (translate_json(q="the cat .", source="en", target="fr"), "application/json", 400, "Pairs served: en-de"),
+            (translate_json(q=["the cat ."] * 45, source="en", target="de"), "application/json", 429, "Too many"),
+            (translate_json(source="en", target="de"), "application/json", 400, "has no q"),
+            (translate_json(q="a", source="en", target="de", format="html"), "application/json", 400, "format"),
+            (b"q=a", "text/csv", 400, "Content-Type"),
+        ]
+        for body, content_type, status, message in cases:
+            got, answer, headers = server.post("/translate", body, content_type)
+            assert (got, list(answer)) == (status, ["error"]), (message, got, answer)
+            assert message in answer["error"]
+            if status == 429:
+                assert headers["Retry-After"] == "1"
+        status, answer, _ = server.post("/translate", b"q=the+cat+.&source=en&target=de",
+                                        "application/x-www-form-urlencoded")
+        assert (status, answer) == (200, {"translatedText": translator.translate(["the cat ."])[0]})
+
+
+def test_the_serve_command_starts_answers_and_ends_on_sigterm(model_dir, tmp_path):
+    """The command prints its one line, serves, and on SIGTERM answers
+    what it accepted and exits 0 (`--languages` names the pair the
+    translator saved: the flag is read, and agrees)."""
+    port = free_port()
+    process = subprocess.Popen(
+        # Batches wait 0.5 s for more sentences: the requests are in flight at SIGTERM.
+        command("serve", "--model-dir", model_dir, "--port", port, "--no-warm-up", "--max-wait-ms", 500,
+                "--languages", "en-de"),
+        env=dict(os.environ, KERAS_BACKEND=keras.backend.backend()),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        line = process.stdout.readline()
+        assert line.startswith(f"Serving en-de ({model_dir}) at http://127.0.0.1:{port} on {keras.backend.backend()}")
+        url = f"http://127.0.0.1:{port}/"
+        deadline = time.time() + 60
+        while True:
+            try:
+                urllib.request.urlopen(url + "health", timeout=5)
+                break
+            except OSError:
+                assert time.time() < deadline and process.poll() is None, process.stderr.read()[-2000:]
+                time.sleep(0.1)
+        client = libretranslatepy.LibreTranslateAPI(url)
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            answers = [pool.submit(client.translate, text, "en", "de") for text in TEXTS]
+            time.sleep(0.25)
+            process.send_signal(signal.SIGTERM)
+            translations = [answer.result(timeout=60) for answer in answers]
+        assert translations == Translator.load(model_dir).translate(TEXTS)
+        assert process.wait(timeout=60) == 0
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_a_translator_without_a_pair_needs_one_given(model, tokenizer, tmp_path):  # noqa: F811
+    directory = tmp_path / "old"
+    Translator(model, tokenizer).save(directory)
+    with pytest.raises(ValueError, match="names no language pair.*--languages en-de"):
+        load_translators([str(directory)], warm_up=False)
+    translators, _ = load_translators([str(directory)], [("en", "de")], warm_up=False)
+    assert list(translators) == [("en", "de")]
+
+
+def test_a_cancelled_request_s_sentences_are_not_decoded():
+    """A request cancelled (its client gone) before its batch starts takes
+    its sentences out: the translator never decodes them."""
+    import asyncio
+
+    from keras_transformer.serving.batcher import Batcher
+
+    class Recording:
+        def __init__(self):
+            self.decoded = []
+
+        def search_ids(self, sources):
+            self.decoded.extend(tuple(ids) for ids in sources)
+            return [([ids], [0.0]) for ids in sources]
+
+    async def scenario():
+        translator = Recording()
+        batcher = Batcher(translator, max_wait=0.2)
+        batcher.start()
+        kept = asyncio.ensure_future(batcher.search([[5, 6, 3]]))
+        gone = asyncio.ensure_future(batcher.search([[7, 8, 3], [9, 3]]))
+        await asyncio.sleep(0.05)  # both wait in the queue for the batch's 0.2 s
+        gone.cancel()
+        assert await kept == [([[5, 6, 3]], [0.0])]
+        await batcher.stop()
+        return translator.decoded
+
+    assert asyncio.run(scenario()) == [(5, 6, 3)]
