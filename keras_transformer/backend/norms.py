@@ -46,26 +46,27 @@ def _as(tensor, dtype):
     return tensor if tensor.dtype == dtype else tensor.to(dtype)
 
 
-def add_bias(x, bias, decoding):
-    """`keras.ops.add(x, bias)` where both have one dtype."""
+def _bias_value(x, bias, decoding):
+    """`bias`'s torch tensor where `x + bias` may skip Keras: torch's direct
+    calls, and one dtype; None elsewhere."""
     if not _direct_torch(decoding, x):
         return None
     value = bias.value if isinstance(bias, keras.Variable) else bias
-    if not _direct_torch(decoding, value) or x.dtype != value.dtype:
-        return None
-    return x + value
+    return value if _direct_torch(decoding, value) and x.dtype == value.dtype else None
 
 
+def add_bias(x, bias, decoding):
+    """`keras.ops.add(x, bias)` where both have one dtype."""
+    value = _bias_value(x, bias, decoding)
+    return None if value is None else x + value
 
-def add_bias_in_place(x, layer, decoding):
-    """`x += layer.bias` under torch's direct calls, for an `x` that its
-    caller alone holds (a step's new logits): no second `[rows, V]` tensor."""
-    if not _direct_torch(decoding, x) or not layer.built:
-        return None
-    value = layer.bias.value
-    if not _direct_torch(decoding, value) or x.dtype != value.dtype:
-        return None
-    return x.add_(value)
+
+def add_bias_in_place(x, bias, decoding):
+    """`x += bias`, for an `x` that its caller alone holds (a step's new
+    logits): no second `[rows, V]` tensor."""
+    value = _bias_value(x, bias, decoding)
+    return None if value is None else x.add_(value)
+
 
 def log_softmax_plus(logits, scores, decoding):
     """`scores[:, :, None] + log_softmax(logits)` as `[B, K, V]`, for

@@ -30,25 +30,18 @@ def top_k(scores, k, chunk_size=128):
         return ops.top_k(scores, k)
     batch_size = ops.shape(scores)[0]
     whole = n - n % chunk_size  # the scores of whole chunks; the rest is a short last chunk
-    if whole == n:
-        chunks = ops.reshape(scores, (batch_size, -1, chunk_size))  # [B, n / C, C]
-        _, best_chunks = ops.top_k(ops.max(chunks, axis=-1), k)
-        best_chunks = ops.sort(best_chunks, axis=-1)  # in index order, for ties
-        candidates = ops.take_along_axis(chunks, best_chunks[:, :, None], axis=1)
-        values, positions = ops.top_k(ops.reshape(candidates, (batch_size, k * chunk_size)), k)
+    maxima = ops.max(ops.reshape(scores[:, :whole], (batch_size, -1, chunk_size)), axis=-1)
+    if whole < n:  # its maximum apart, rather than a padded copy of every score
+        maxima = ops.concatenate([maxima, ops.max(scores[:, whole:], axis=-1, keepdims=True)], axis=1)
+    _, best_chunks = ops.top_k(maxima, k)
+    best_chunks = ops.sort(best_chunks, axis=-1)  # in index order, for ties
+    if whole == n:  # the chosen chunks, gathered whole
+        chunks = ops.take_along_axis(
+            ops.reshape(scores, (batch_size, -1, chunk_size)), best_chunks[:, :, None], axis=1
+        )
+        values, positions = ops.top_k(ops.reshape(chunks, (batch_size, k * chunk_size)), k)
         chunk = ops.take_along_axis(best_chunks, positions // chunk_size, axis=1)
         return values, chunk * chunk_size + positions % chunk_size
-    # The short chunk's maximum is taken apart, rather than padding a copy
-    # of every score (a beam's 30 MB a step for a converted OPUS-MT model).
-    maxima = ops.concatenate(
-        [
-            ops.max(ops.reshape(scores[:, :whole], (batch_size, -1, chunk_size)), axis=-1),
-            ops.max(scores[:, whole:], axis=-1, keepdims=True),
-        ],
-        axis=1,
-    )
-    _, best_chunks = ops.top_k(maxima, k)
-    best_chunks = ops.sort(best_chunks, axis=-1)
     indices = ops.reshape(
         best_chunks[:, :, None] * chunk_size + ops.arange(chunk_size, dtype=best_chunks.dtype),
         (batch_size, k * chunk_size),

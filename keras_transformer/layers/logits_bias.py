@@ -43,7 +43,7 @@ class LogitsBias(DirectCalls, keras.layers.Layer):
         """`self(logits)` for logits just made, which no one else holds:
         under torch's direct calls the bias is added into them, with no
         second `[rows, V]` tensor."""
-        biased = norms.add_bias_in_place(logits, self, decoding)
+        biased = norms.add_bias_in_place(logits, self.bias, decoding) if self.built else None
         return self(logits, decoding=decoding) if biased is None else biased
 
     def compute_output_spec(self, logits):
