@@ -12,7 +12,9 @@ import urllib.error
 import urllib.request
 
 import keras
+import libretranslatepy  # the test extra's: LibreTranslate's own client
 import pytest
+import uvicorn
 from process_runs import command
 from process_runs import free_port
 from translation_fixtures import model  # noqa: F401 (a fixture)
@@ -25,8 +27,6 @@ from keras_transformer.serving import Service
 from keras_transformer.serving import create_app
 from keras_transformer.serving import load_translators
 
-libretranslatepy = pytest.importorskip("libretranslatepy", reason="the test extra's LibreTranslate client")
-uvicorn = pytest.importorskip("uvicorn", reason="the serve extra")
 
 TEXTS = ["the old man sees the dog .", "a woman helps the small child .", "the cat ."]
 
