@@ -103,10 +103,10 @@ def translate(args):
     model_file = os.path.join(args.model_dir, "model.keras")
     # A rerun continues an interrupted output only with this same model.
     settings = dict(translator.get_config(), model=[os.path.realpath(model_file), os.stat(model_file).st_mtime_ns])
+    settings.update({"split_sentences": True} if args.split_sentences else {})
     progress = streaming.Progress() if args.progress or sys.stderr.isatty() else None
-    streaming.translate_file(
-        translator, args.input, args.output, window=args.window, shard=shard, progress=progress, settings=settings
-    )
+    streaming.translate_file(translator, args.input, args.output, window=args.window, shard=shard, progress=progress,
+                             settings=settings, split_sentences=args.split_sentences)
 
 
 def _read_pairs(args, kind):
@@ -397,10 +397,8 @@ def main(argv=None):
         description="Train and translate with the Transformer.",
         epilog=f"The backend is KERAS_BACKEND ({', '.join(BACKENDS)}); now {keras.backend.backend()}.",
     )
-    parser.add_argument(
-        "--version", action="version",
-        version=f"keras-transformer {__version__} (keras {keras.__version__}, backend {keras.backend.backend()})",
-    )
+    version = f"keras-transformer {__version__} (keras {keras.__version__}, backend {keras.backend.backend()})"
+    parser.add_argument("--version", action="version", version=version)
     # Read by keras_transformer.environment before Keras starts; here so that
     # argparse accepts it before or after the command.
     verbose_help = "show TensorFlow's, XLA's and SentencePiece's log lines too"
@@ -445,6 +443,7 @@ def main(argv=None):
     )
     command.add_argument("--shard", metavar="I/N", help="translate only the I-th of N equal parts of --input (0/2, 1/2)")
     command.add_argument("--progress", action="store_true", help="lines, lines/s and time left on stderr (on a terminal: always)")
+    command.add_argument("--split-sentences", action="store_true", help="translate each line sentence by sentence (a paragraph per line)")
     command.set_defaults(run=translate)
 
     command = add_command("evaluate", help="BLEU and chrF of a test set, with sacrebleu")

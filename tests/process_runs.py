@@ -161,3 +161,31 @@ def kill_one_then_resume_both(corpus, tmp_path, environments, within, whole):
             tmp_path / f"lost{i}" / "checkpoints" / "ckpt-00000012.keras",
             whole / f"whole{i}" / "checkpoints" / "ckpt-00000012.keras",
         )
+
+
+@contextlib.contextmanager
+def serving(*args):
+    """`keras-transformer serve *args` on a free port, in a process of its
+    own, once it answers: yields `(process, url)`; the process is killed
+    after, if it still runs."""
+    import urllib.request
+
+    port = free_port()
+    process = subprocess.Popen(
+        command("serve", "--port", port, *args), env=dict(os.environ, KERAS_BACKEND=keras.backend.backend()),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}/"
+        deadline = time.time() + 120
+        while True:
+            try:
+                urllib.request.urlopen(url + "health", timeout=5)
+                break
+            except OSError:
+                assert time.time() < deadline and process.poll() is None, process.stderr.read()[-2000:]
+                time.sleep(0.1)
+        yield process, url
+    finally:
+        process.kill()
+        process.wait()

@@ -43,7 +43,7 @@ class Server:
     """A served app in a thread of this process, on a free port."""
 
     def __init__(self, model_dirs, limits=Limits(), **batching):
-        translators, _ = load_translators(model_dirs, warm_up=False)
+        translators = load_translators(model_dirs)
         self.translators = translators
         self.service = Service(translators, Metrics(), **batching)
         self.port = free_port()
@@ -116,18 +116,60 @@ def test_concurrent_requests_are_decoded_together(model_dir):
         assert 'translate_requests_total{route="/translate",status="200"} 6' in text
 
 
-def test_lines_and_paragraphs_are_kept_and_a_long_line_is_split_with_a_warning(model_dir):
+def test_sentences_lines_and_paragraphs_are_kept_and_a_long_sentence_is_split_with_a_warning(model_dir):
     translator = Translator.load(model_dir)
-    long_line = " ".join(TEXTS * 4)  # past max_source_length=32 tokens
-    text = f"{TEXTS[0]}\n{TEXTS[1]}\n\n{long_line}\n"
+    long_sentence = " and ".join(text.rstrip(" .") for text in TEXTS * 4) + " ."  # past max_source_length=32
+    text = f"{TEXTS[0]}  {TEXTS[1]}\n{TEXTS[2]}\n\n{long_sentence}\n"
     with Server([model_dir]) as server:
         status, answer, _ = server.post("/translate", translate_json(q=text, source="en", target="de"))
     assert status == 200
+    first, second, third = translator.translate(TEXTS)
     lines = answer["translatedText"].split("\n")
-    assert lines[:2] == translator.translate(TEXTS[:2]) and lines[2] == "" and lines[4] == ""
-    assert lines[3]  # the long line, translated in pieces and joined
-    (warning,) = answer["warnings"]
-    assert warning.startswith("texts[0] line 4 has ") and "translated in" in warning
+    assert lines[:3] == [f"{first}  {second}", third, ""] and lines[4] == ""
+    tokens = len(translator.tokenizer.tokenize([long_sentence])[0])
+    with pytest.warns(UserWarning, match="translated in"):  # in pieces, joined, as Translator does it
+        assert lines[3] == translator.translate([long_sentence], split_sentences=True)[0]
+    assert answer["warnings"] == [
+        f"texts[0] has a sentence of {tokens} tokens, more than the model's 31; it was translated in "
+        f"{-(-tokens // 31)} pieces"
+    ]
+
+
+def test_v1_gives_each_sentence_s_n_best_with_scores_and_takes_a_served_beam_size(model_dir):
+    translator = Translator.load(model_dir)  # beam 2
+    greedy = translator.with_search(beam_size=1)
+    with Server([model_dir], beam_sizes=[1]) as server:
+        status, answer, _ = server.post("/v1/translate", translate_json(
+            q=[f"{TEXTS[0]} {TEXTS[1]}", TEXTS[2]], source="en", target="de", n_best=2))
+        assert status == 200 and answer["warnings"] == []
+        first, second = answer["translations"]
+        assert [s["source"] for s in first["sentences"]] == TEXTS[:2]
+        for sentence, expected in zip(first["sentences"] + second["sentences"], translator.n_best(TEXTS)):
+            assert [(h["text"], pytest.approx(h["score"], abs=1e-4)) for h in sentence["hypotheses"]] == expected
+        assert first["text"] == " ".join(translator.translate(TEXTS[:2]))
+        status, answer, _ = server.post("/v1/translate", translate_json(q=TEXTS[2], source="en", target="de", beam_size=1))
+        (hypothesis,) = answer["translations"][0]["sentences"][0]["hypotheses"]
+        assert (hypothesis["text"], pytest.approx(hypothesis["score"], abs=1e-4)) == greedy.n_best([TEXTS[2]])[0][0]
+        for fields, message in (
+            ({"beam_size": 3}, "beam sizes [1, 2]"), ({"n_best": 3}, "from 1 to the beam size, 2"),
+            ({"n_best": True}, "n_best must be an integer"), ({"split_sentences": "no"}, "true or false"),
+        ):
+            status, answer, _ = server.post("/v1/translate", translate_json(q="a .", source="en", target="de", **fields))
+            assert status == 400 and message in answer["error"], answer
+        status, answer, _ = server.post("/v1/translate", b"q=a", "application/x-www-form-urlencoded")
+        assert status == 400 and "send JSON (application/json)." in answer["error"]
+
+
+def test_batching_off_decodes_each_request_alone(model_dir):
+    translator = Translator.load(model_dir)
+    with Server([model_dir], max_wait=0.2, across_requests=False) as server:
+        with concurrent.futures.ThreadPoolExecutor(len(TEXTS)) as pool:
+            answers = list(pool.map(
+                lambda text: server.post("/translate", translate_json(q=[text, text], source="en", target="de")), TEXTS
+            ))
+        assert [answer["translatedText"] for _, answer, _ in answers] == [[t, t] for t in translator.translate(TEXTS)]
+        batches = server.service.metrics.batches["en-de"]
+        assert sum(batches.counts) == len(TEXTS) and batches.sum == 2 * len(TEXTS)  # a batch a request
 
 
 def test_bad_requests_get_a_json_error_and_the_server_keeps_serving(model_dir):
@@ -197,8 +239,8 @@ def test_a_translator_without_a_pair_needs_one_given(model, tokenizer, tmp_path)
     directory = tmp_path / "old"
     Translator(model, tokenizer).save(directory)
     with pytest.raises(ValueError, match="names no language pair.*--languages en-de"):
-        load_translators([str(directory)], warm_up=False)
-    translators, _ = load_translators([str(directory)], [("en", "de")], warm_up=False)
+        load_translators([str(directory)])
+    translators = load_translators([str(directory)], [("en", "de")])
     assert list(translators) == [("en", "de")]
 
 

@@ -59,11 +59,11 @@ def windows(lines, size):
         yield window
 
 
-def translated_windows(translator, lines, window=WINDOW_LINES, first_line=0):
+def translated_windows(translator, lines, window=WINDOW_LINES, first_line=0, split_sentences=False):
     """`(sources, translations)` of each window of `lines`, in order;
     `first_line` counts the lines before them, for warnings."""
     for sources in windows(lines, window):
-        yield sources, translator.translate(sources, first_line=first_line)
+        yield sources, translator.translate(sources, first_line=first_line, split_sentences=split_sentences)
         first_line += len(sources)
 
 
@@ -122,7 +122,8 @@ class RawLines:
 
 
 def translate_file(
-    translator, source, output=None, window=WINDOW_LINES, shard=None, progress=None, settings=None, log=None
+    translator, source, output=None, window=WINDOW_LINES, shard=None, progress=None, settings=None, log=None,
+    split_sentences=False,
 ):
     """Translates the lines of `source` into `output`, a window at a time.
 
@@ -140,6 +141,8 @@ def translate_file(
             default.
         log: called with a line that says an interrupted output is
             continued; by default the line goes to stderr.
+        split_sentences: translate each line sentence by sentence
+            (`Translator.translate`'s).
 
     Returns:
         a `Summary`.
@@ -166,7 +169,7 @@ def translate_file(
         progress.total = end - first
     if output in (None, "-") or (os.path.exists(output) and not os.path.isfile(output)):
         # stdout, or a device or pipe (/dev/null): written as it comes, never continued.
-        translated = _write_stream(translator, numbered, lines.name, window, first, progress, output)
+        translated = _write_stream(translator, numbered, lines.name, window, first, progress, output, split_sentences)
         return Summary(translated, 0, time.perf_counter() - started)
     run = _Run(os.fspath(output), {
         "input": os.path.abspath(lines.name) if lines.name != "<stdin>" else lines.name,
@@ -183,7 +186,7 @@ def translate_file(
         progress.start(kept)
     translated = 0
     texts = (decode_line(raw, lines.name, number) for number, raw in run.hashed(numbered))
-    for _, translations in translated_windows(translator, texts, window, first + kept):
+    for _, translations in translated_windows(translator, texts, window, first + kept, split_sentences):
         run.append(translations)
         translated += len(translations)
         if progress is not None:
@@ -194,7 +197,7 @@ def translate_file(
     return Summary(translated, kept, time.perf_counter() - started)
 
 
-def _write_stream(translator, numbered, name, window, first, progress, output):
+def _write_stream(translator, numbered, name, window, first, progress, output, split_sentences):
     if progress is not None:
         progress.start(0)
     texts = (decode_line(raw, name, number) for number, raw in numbered)
@@ -204,7 +207,7 @@ def _write_stream(translator, numbered, name, window, first, progress, output):
     try:
         if target is None:
             target = open(output, "w", encoding="utf-8")
-        for _, translations in translated_windows(translator, texts, window, first):
+        for _, translations in translated_windows(translator, texts, window, first, split_sentences):
             target.write("".join(_one_line(line) for line in translations))
             target.flush()
             translated += len(translations)

@@ -15,6 +15,9 @@ from keras_transformer.checks import describe_error
 from keras_transformer.data.corpus import read_json_object
 from keras_transformer.data.pipeline import bucket_lengths
 from keras_transformer.data.languages import check_pair
+from keras_transformer.data.sentences import joined
+from keras_transformer.data.sentences import sources_in_pieces
+from keras_transformer.data.sentences import split_text
 from keras_transformer.data.tokenizers import load_tokenizer
 from keras_transformer.decoding.beam_search import check_alpha
 from keras_transformer.decoding.beam_search import check_length_penalty
@@ -221,12 +224,38 @@ class Translator:
         other.quantize = self.quantize  # its model is this one's, already quantized
         return other
 
-    def translate(self, texts, first_line=0):
+    def translate(self, texts, first_line=0, split_sentences=False):
         """Translates each string; returns a list of strings, aligned.
 
         `first_line` counts the lines before `texts` in their file, for
-        the line numbers of warnings."""
+        the line numbers of warnings. With `split_sentences`, each string
+        is split into sentences in the rules of its source language
+        (`keras_transformer.data.sentences`), each sentence is translated
+        (one longer than `max_source_length` in pieces, with a warning,
+        not cut), and the string is put back together, its line breaks and
+        spacing kept."""
+        if split_sentences:
+            return self._translate_sentences(self._check_texts(texts), first_line)
         return [hypotheses[0][0] for hypotheses in self.n_best(texts, first_line)]
+
+    def _translate_sentences(self, texts, first_line):
+        layouts = [split_text(text, self.languages and self.languages[0]) for text in texts]
+        sentences = [sentence for layout in layouts for sentence in layout.sentences]
+        texts_of = [i for i, layout in enumerate(layouts) for _ in layout.sentences]
+        sources, owners, split = sources_in_pieces(
+            self.tokenizer.tokenize(sentences) if sentences else [], self.max_source_length - 1, self.tokenizer.eos_id
+        )
+        for index, tokens, count in split:
+            i = texts_of[index]
+            warnings.warn(
+                f"Line {first_line + i + 1} (texts[{i}]) has a sentence of {tokens} subword tokens, more than "
+                f"max_source_length={self.max_source_length} allows (EOS included); it was translated in "
+                f"{count} pieces.",
+                stacklevel=3,
+            )
+        found = self.search_ids(sources) if sources else []
+        translations = iter(joined(self.detokenize([ids[0].tolist() for ids, _ in found]), owners, len(sentences)))
+        return [layout.join([next(translations) for _ in layout.sentences]) for layout in layouts]
 
     def translate_stream(self, lines, window=streaming.WINDOW_LINES):
         """Translations of an iterable of lines, yielded in their order.

@@ -7,9 +7,9 @@ are answered first). `create_app` gives the ASGI application alone, for a
 server of one's own.
 """
 
+import os
 import signal
 import threading
-import time
 
 import keras
 
@@ -23,10 +23,10 @@ __all__ = ["Limits", "Metrics", "Service", "create_app", "load_translators", "se
 MISSING_EXTRA = 'serve needs Starlette and uvicorn: pip install "keras-vaswani[serve]" (or, in a clone, pip install -e ".[serve]")'
 
 
-def load_translators(model_dirs, languages=None, warm_up=True, **overrides):
+def load_translators(model_dirs, languages=None, **overrides):
     """`{(source, target): (translator, directory)}` of the translator
     directories, with `languages` (pairs aligned with them, None to keep a
-    translator's own), and the warm-up's `(programs, seconds)`."""
+    translator's own)."""
     from keras_transformer.data.languages import check_pair
     from keras_transformer.decoding import Translator
 
@@ -36,7 +36,7 @@ def load_translators(model_dirs, languages=None, warm_up=True, **overrides):
             f"Give a language pair for each model directory, or none. Received {len(model_dirs)} "
             f"directories and {len(languages)} pairs."
         )
-    translators, programs, start = {}, 0, time.perf_counter()
+    translators = {}
     for directory, pair in zip(model_dirs, languages):
         translator = Translator.load(directory, **overrides)
         pair = check_pair(pair) or translator.languages
@@ -47,14 +47,12 @@ def load_translators(model_dirs, languages=None, warm_up=True, **overrides):
             )
         if pair in translators:
             raise ValueError(f"{translators[pair][1]} and {directory} both translate {pair[0]}-{pair[1]}; serve one.")
-        if warm_up:
-            programs += translator.warm_up()[0]
         translators[pair] = (translator, directory)
-    return translators, (programs, time.perf_counter() - start)
+    return translators
 
 
 def serve(model_dirs, languages=None, host="127.0.0.1", port=5000, warm_up=True, limits=Limits(),
-          batching=None, log=None, **overrides):
+          batching=None, beam_sizes=(), threads=None, log=None, **overrides):
     """Serves the translators of `model_dirs` until stopped.
 
     Args:
@@ -63,7 +61,12 @@ def serve(model_dirs, languages=None, host="127.0.0.1", port=5000, warm_up=True,
         host, port: where to listen.
         warm_up: compile every shape a batch can take before serving.
         limits: what one request may hold (`Limits`).
-        batching: `Batcher`'s `max_tokens`, `max_wait`, `max_queue`.
+        batching: `Batcher`'s `max_tokens`, `max_wait`, `max_queue`,
+            `across_requests`.
+        beam_sizes: beam sizes requests may ask for, besides the
+            translators' own.
+        threads: None, or the CPU cores the backend computes on
+            (`limit_threads`).
         log: where the start-up line goes.
         **overrides: `Translator.load` settings, such as `beam_size=1`.
     """
@@ -72,9 +75,12 @@ def serve(model_dirs, languages=None, host="127.0.0.1", port=5000, warm_up=True,
         import uvicorn
     except ImportError:
         raise ValueError(MISSING_EXTRA) from None
-    translators, (programs, seconds) = load_translators(model_dirs, languages, warm_up, **overrides)
+    if threads is not None:
+        limit_threads(threads)
+    translators = load_translators(model_dirs, languages, **overrides)
     metrics = Metrics()
-    service = Service(translators, metrics, **(batching or {}))
+    service = Service(translators, metrics, beam_sizes=beam_sizes, **(batching or {}))
+    programs, seconds = service.warm_up() if warm_up else (0, 0.0)
     app = create_app(service, limits, backend=keras.backend.backend())
     served = ", ".join(f"{s}-{t} ({directory})" for (s, t), (_, directory) in translators.items())
     compiled = f"; warm-up: {programs} programs in {seconds:.1f} s" if warm_up else ""
@@ -92,6 +98,27 @@ def serve(model_dirs, languages=None, host="127.0.0.1", port=5000, warm_up=True,
     finally:
         for stop, handler in zip(stops, previous):
             signal.signal(stop, handler)
+
+
+def limit_threads(threads):
+    """Computes on `threads` CPU cores: the process runs on that many of
+    the cores it may use (as `taskset` would), and TensorFlow and torch size
+    their thread pools to match (JAX's XLA sizes its pool by the cores the
+    process may use). Called before the backend computes anything."""
+    cores = sorted(os.sched_getaffinity(0))
+    if not isinstance(threads, int) or not 1 <= threads <= len(cores):
+        raise ValueError(f"threads must be an integer from 1 to the {len(cores)} cores this process may use. Received: {threads!r}")
+    os.sched_setaffinity(0, cores[:threads])
+    backend = keras.backend.backend()
+    if backend == "torch":
+        import torch
+
+        torch.set_num_threads(threads)
+    elif backend == "tensorflow":
+        import tensorflow as tf
+
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
 
 
 def _exit_cleanly(signum, frame):

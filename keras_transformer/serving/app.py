@@ -1,11 +1,13 @@
 """The HTTP API: LibreTranslate's `POST /translate` and `GET /languages`,
-and `GET /health` and `GET /metrics`, as a Starlette application.
+the native `POST /v1/translate` (beam size, n-best lists and scores), and
+`GET /health` and `GET /metrics`, as a Starlette application.
 
 Starlette (with uvicorn as its server) is the ASGI toolkit FastAPI is built
 on: routing, requests and responses, and nothing the API does not use.
 Every error is LibreTranslate's shape, `{"error": "..."}`: 400 for a
 request this server cannot take, 413 for one over its size limit, 429 with
-`Retry-After` when the queue is full, 500 for a failure of ours.
+`Retry-After` when the queue is full, 503 for a request that outlasts its
+time limit, 500 for a failure of ours.
 """
 
 import asyncio
@@ -16,6 +18,7 @@ import time
 import urllib.parse
 
 from keras_transformer.serving.batcher import QueueFull
+from keras_transformer.serving.service import Refused
 from keras_transformer.serving.service import UnknownPair
 
 
@@ -35,12 +38,17 @@ class Limits:
         request_bytes: the body's size.
         texts: texts in `q`.
         characters: characters of one text.
+        sentences: sentences of all its texts.
+        timeout: seconds until a request is answered 503 (its sentences
+            not yet decoding are dropped).
         retry_after: the seconds a 429 asks a client to wait.
     """
 
     request_bytes: int = 1_000_000
     texts: int = 128
     characters: int = 100_000
+    sentences: int = 2_000
+    timeout: int = 120
     retry_after: int = 1
 
     def __post_init__(self):
@@ -82,21 +90,47 @@ def create_app(service, limits=Limits(), backend=None):
 
         return endpoint
 
+    async def answer(request, values, texts, **options):
+        """`service.translate`'s answer to `texts`, within the limits."""
+        source, target = (_field(values, name) for name in ("source", "target"))
+        try:
+            service.served(source, target)
+            work = service.translate(texts, source, target, max_sentences=limits.sentences, **options)
+            return await asyncio.wait_for(_unless_disconnected(request, work), limits.timeout)
+        except (UnknownPair, Refused) as error:
+            raise RequestError(str(error)) from None
+        except TimeoutError:
+            raise RequestError(f"The translation took longer than this server's limit of {limits.timeout} s.", 503) from None
+
     async def translate(request):
         values = await _arguments(request, limits)
         texts, single = _texts(values, limits)
-        source, target = (_field(values, name) for name in ("source", "target"))
         text_format = values.get("format", "text")
         if text_format != "text":
             raise RequestError(f"format must be 'text'; HTML is not translated here. Received: {text_format!r}")
-        try:
-            service.served(source, target)
-        except UnknownPair as error:
-            raise RequestError(str(error)) from None
-        translations, warnings = await _unless_disconnected(request, service.translate(texts, source, target))
+        translations, _, warnings = await answer(request, values, texts)
         body = {"translatedText": translations[0] if single else translations}
         if warnings:
             body["warnings"] = warnings
+        return JSONResponse(body)
+
+    async def translate_v1(request):
+        values = await _arguments(request, limits, forms=False)
+        texts, _ = _texts(values, limits)
+        options = {
+            "beam_size": _integer(values, "beam_size"), "n_best": _integer(values, "n_best") or 1,
+            "split_sentences": values.get("split_sentences", True),
+        }
+        if not isinstance(options["split_sentences"], bool):
+            raise RequestError(f"split_sentences must be true or false. Received: {json.dumps(values['split_sentences'])[:80]}")
+        translations, details, warnings = await answer(request, values, texts, **options)
+        body = {"translations": [
+            {"text": text, "sentences": [
+                {"source": sentence, "hypotheses": [{"text": found, "score": score} for found, score in hypotheses]}
+                for sentence, hypotheses in sentences
+            ]}
+            for text, sentences in zip(translations, details)
+        ], "warnings": warnings}
         return JSONResponse(body)
 
     async def languages(request):
@@ -110,6 +144,7 @@ def create_app(service, limits=Limits(), backend=None):
 
     routes = [
         Route("/translate", timed("/translate", translate), methods=["POST"]),
+        Route("/v1/translate", timed("/v1/translate", translate_v1), methods=["POST"]),
         Route("/languages", timed("/languages", languages), methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
@@ -133,6 +168,9 @@ async def _unless_disconnected(request, work):
     watch = asyncio.ensure_future(disconnected())
     try:
         await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # the request's time limit
+        task.cancel()
+        raise
     finally:
         watch.cancel()
     if not task.done():
@@ -141,8 +179,9 @@ async def _unless_disconnected(request, work):
     return task.result()
 
 
-async def _arguments(request, limits):
-    """The request's fields, from a JSON object or a URL-encoded form."""
+async def _arguments(request, limits, forms=True):
+    """The request's fields, from a JSON object or (`forms`) a URL-encoded
+    form."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limits.request_bytes:
         raise RequestError(f"The request has {int(declared):,} bytes; this server takes at most {limits.request_bytes:,}.", 413)
@@ -164,12 +203,12 @@ async def _arguments(request, limits):
         if not isinstance(values, dict):
             raise RequestError(f"The request body must be a JSON object; it holds a {type(values).__name__}.")
         return values
-    if content_type in ("application/x-www-form-urlencoded", ""):
+    if forms and content_type in ("application/x-www-form-urlencoded", ""):
         fields = urllib.parse.parse_qs(text, keep_blank_values=True)
         return {name: found[0] if len(found) == 1 else found for name, found in fields.items()}
     raise RequestError(
-        f"Content-Type {content_type!r} is not read here; send JSON (application/json) "
-        "or a URL-encoded form (application/x-www-form-urlencoded)."
+        f"Content-Type {content_type!r} is not read here; send JSON (application/json)"
+        + (" or a URL-encoded form (application/x-www-form-urlencoded)." if forms else ".")
     )
 
 
@@ -190,6 +229,14 @@ def _texts(values, limits):
                 f"q[{i}] has {len(text):,} characters; this server takes at most {limits.characters:,} a text."
             )
     return texts, single
+
+
+def _integer(values, name):
+    """An optional integer >= 1 of a JSON body, or None."""
+    value = values.get(name)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise RequestError(f"{name} must be an integer >= 1. Received: {json.dumps(value)[:80]}")
+    return value
 
 
 def _field(values, name):

@@ -25,6 +25,7 @@ class _Sentence:
     ids: list  # source token ids, EOS last
     future: asyncio.Future
     arrived: float
+    request: object  # shared by the sentences of one request
 
 
 class Batcher:
@@ -38,9 +39,14 @@ class Batcher:
         max_queue: the most sentences waiting; `translate` raises
             `QueueFull` past it rather than wait without bound.
         metrics: a `Metrics` that counts batches and queue depth, or None.
+        executor: the one-thread executor that decodes (shared by the
+            batchers of a server), or None for one of its own.
+        across_requests: False to decode each request's sentences on their
+            own, one request after another (batching off, for comparison).
     """
 
-    def __init__(self, translator, max_tokens=4096, max_wait=0.005, max_queue=1024, metrics=None):
+    def __init__(self, translator, max_tokens=4096, max_wait=0.005, max_queue=1024, metrics=None, executor=None,
+                 across_requests=True):
         for name, value in (("max_tokens", max_tokens), ("max_queue", max_queue)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1. Received: {name}={value!r}")
@@ -51,11 +57,13 @@ class Batcher:
         self.max_wait = max_wait
         self.max_queue = max_queue
         self.metrics = metrics
+        self.across_requests = across_requests
         self._waiting = collections.deque()
         self._arrived = None  # an asyncio.Event, made on the loop that serves
         self._worker = None
         # One thread decodes: the backend's own threads use every core.
-        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="translate")
+        self._own_executor = executor is None
+        self._executor = executor or concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="translate")
 
     @property
     def depth(self):
@@ -77,7 +85,8 @@ class Batcher:
                 await self._worker
             except asyncio.CancelledError:
                 pass
-        self._executor.shutdown(wait=True)
+        if self._own_executor:
+            self._executor.shutdown(wait=True)
 
     async def search(self, sources):
         """`(ids, scores)` of each source (token ids, EOS last), decoded
@@ -89,7 +98,8 @@ class Batcher:
                 f"the server accepts {self.max_queue}"
             )
         loop = asyncio.get_running_loop()
-        sentences = [_Sentence(list(ids), loop.create_future(), time.perf_counter()) for ids in sources]
+        request, arrived = object(), time.perf_counter()
+        sentences = [_Sentence(list(ids), loop.create_future(), arrived, request) for ids in sources]
         self._waiting.extend(sentences)
         self._arrived.set()
         try:
@@ -108,7 +118,8 @@ class Batcher:
             if sentence.future.done():  # its request was cancelled
                 self._waiting.popleft()
                 continue
-            if batch and tokens + len(sentence.ids) > self.max_tokens:
+            if batch and (tokens + len(sentence.ids) > self.max_tokens
+                          or not self.across_requests and sentence.request is not batch[0].request):
                 break
             batch.append(self._waiting.popleft())
             tokens += len(sentence.ids)
@@ -119,7 +130,7 @@ class Batcher:
         while True:
             await self._arrived.wait()
             self._arrived.clear()
-            if self.max_wait and self._waiting:
+            if self.max_wait and self.across_requests and self._waiting:
                 # The first sentence waits a moment for others to join it.
                 first = self._waiting[0].arrived
                 await asyncio.sleep(max(0.0, first + self.max_wait - time.perf_counter()))

@@ -1,0 +1,108 @@
+"""A text's sentences, and the text put back together from their
+translations, line breaks, paragraphs and spacing kept.
+
+A model translates sentences: a paragraph sent whole is decoded as one long
+input, past what the model saw in training, and past its
+`max_source_length` it would be cut. So a text is split into lines, each
+line into sentences by `sentencex` (Wikimedia's rule-based splitter:
+native, maintained, with rules for many languages and fallbacks for the
+rest; chosen over pysbd and syntok by `benchmarks/sentence_splitters.py`:
+as accurate on WMT news, and hundreds of times faster), and every character
+that is not a sentence (line breaks, blank lines, the spaces between
+sentences) stays where it was.
+
+A sentence longer than the model takes is decoded in pieces of its tokens
+(`pieces`), never cut short.
+"""
+
+import dataclasses
+
+MISSING_SPLITTER = 'splitting sentences needs sentencex: pip install "keras-vaswani[serve]" (or pip install sentencex)'
+
+
+@dataclasses.dataclass
+class Layout:
+    """A text as its sentences and what lies between them.
+
+    Attributes:
+        parts: strings kept as they are, and None where a sentence's
+            translation goes, in order.
+        sentences: the sentences, in order, without surrounding spaces.
+    """
+
+    parts: list
+    sentences: list
+
+    def join(self, translations):
+        """The text with each sentence replaced by its translation."""
+        if len(translations) != len(self.sentences):
+            raise ValueError(f"{len(self.sentences)} sentences need as many translations; received {len(translations)}")
+        translations = iter(translations)
+        return "".join(next(translations) if part is None else part for part in self.parts)
+
+
+def split_text(text, language=None, sentences=True):
+    """The `Layout` of `text`: its sentences (`sentences=False`: its
+    non-blank lines) in the rules of `language` (a code such as "de";
+    None for the splitter's default, English)."""
+    segment = _segmenter() if sentences else None
+    parts, found = [], []
+    for number, line in enumerate(text.split("\n")):
+        if number:
+            parts.append("\n")
+        segments = [line] if segment is None or not line.strip() else list(segment(language or "en", line))
+        if "".join(segments) != line:  # nothing is lost, whatever the splitter does
+            segments = [line]
+        for piece in segments:
+            core = piece.strip()
+            if not core:
+                parts.append(piece)
+                continue
+            start = piece.index(core)
+            parts.extend([piece[:start], None, piece[start + len(core) :]])
+            found.append(core)
+    return Layout(parts, found)
+
+
+def pieces(ids, longest):
+    """`ids` in consecutive pieces of at most `longest` tokens (one piece
+    when it fits)."""
+    if longest < 1:
+        raise ValueError(f"longest must be >= 1. Received: {longest!r}")
+    return [ids[start : start + longest] for start in range(0, len(ids), longest)] or [ids]
+
+
+def _segmenter():
+    try:
+        import sentencex
+    except ImportError:
+        raise ImportError(MISSING_SPLITTER) from None
+    return sentencex.segment
+
+
+def sources_in_pieces(tokenized, longest, eos_id):
+    """Each tokenized sentence as sources of at most `longest` tokens, EOS
+    added.
+
+    Returns:
+        `(sources, owners, split)`: the sources; for each, the index of its
+        sentence; and `(index, tokens, pieces)` of each sentence that was
+        longer than `longest`.
+    """
+    sources, owners, split = [], [], []
+    for index, ids in enumerate(tokenized):
+        found = pieces(list(ids), longest)
+        if len(found) > 1:
+            split.append((index, len(ids), len(found)))
+        sources.extend(piece + [eos_id] for piece in found)
+        owners.extend([index] * len(found))
+    return sources, owners, split
+
+
+def joined(translations, owners, count):
+    """The translation of each of `count` sentences: its pieces', joined by
+    a space."""
+    found = [[] for _ in range(count)]
+    for owner, translation in zip(owners, translations):
+        found[owner].append(translation)
+    return [" ".join(parts) for parts in found]
