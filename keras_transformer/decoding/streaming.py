@@ -62,8 +62,9 @@ def windows(lines, size):
 def translated_windows(translator, lines, window=WINDOW_LINES, first_line=0, split_sentences=False):
     """`(sources, translations)` of each window of `lines`, in order;
     `first_line` counts the lines before them, for warnings."""
+    options = {"split_sentences": True} if split_sentences else {}  # any object with translate() otherwise
     for sources in windows(lines, window):
-        yield sources, translator.translate(sources, first_line=first_line, split_sentences=split_sentences)
+        yield sources, translator.translate(sources, first_line=first_line, **options)
         first_line += len(sources)
 
 
