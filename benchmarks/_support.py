@@ -9,6 +9,8 @@
   they came from, TensorFlow's operations by part on the CPU;
 - CTranslate2 in a process of its own, for `decoding_engines.py`: the
   worker (`python benchmarks/_support.py ctranslate2-worker`) and its client;
+- a CTranslate2 HTTP server of the kind users build, for `serve_load.py`
+  (`python benchmarks/_support.py ctranslate2-server ...`);
 - the training ratios as one PNG (`training_speed.py --plot`).
 
 The tools import it as a sibling module (`python benchmarks/<tool>.py` puts
@@ -654,9 +656,80 @@ def plot_ratios(bars, path, title):
     figure.savefig(path, format="png", dpi=100)
 
 
+# === A CTranslate2 server, for `serve_load.py` ===
+
+EOS_PIECE = "</s>"  # Marian's, which its converted models expect after the source
+
+
+def ctranslate2_app(translator, source, target, beam_size, alpha, max_extra_length):
+    from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    def translate_one(text):
+        pieces = source.encode(text, out_type=str)
+        (result,) = translator.translate_batch(
+            [pieces + [EOS_PIECE]], beam_size=beam_size, length_penalty=alpha,
+            max_decoding_length=len(pieces) + max_extra_length,
+        )
+        tokens = result.hypotheses[0]
+        return {"translatedText": target.decode(tokens), "source_tokens": len(pieces), "tokens": len(tokens)}
+
+    async def translate(request):
+        values = await request.json()
+        return JSONResponse(await run_in_threadpool(translate_one, values["q"]))
+
+    async def health(request):
+        return JSONResponse({"status": "ok"})
+
+    return Starlette(routes=[Route("/translate", translate, methods=["POST"]), Route("/health", health)])
+
+
+def ctranslate2_server(arguments):
+    """`python benchmarks/_support.py ctranslate2-server --model-dir CT2_DIR --source-spm S --target-spm T
+    --beam-size 4 --alpha 1.0 --max-extra-length 50 --port P`: a CTranslate2 server of the kind users
+    build, for `serve_load.py`. Starlette and uvicorn, as `keras-transformer serve`: `POST /translate`
+    takes LibreTranslate's JSON, cuts the text into SentencePiece pieces, appends Marian's EOS, and calls
+    `translate_batch` on that one sentence in Starlette's thread pool (a `ctranslate2.Translator` with
+    one worker, `--threads` cores): each request alone, as a handler written for CTranslate2 does. The
+    answer adds `source_tokens` and `tokens` (the pieces decoded), so that the lengths can be checked."""
+    import argparse
+
+    import ctranslate2
+    import sentencepiece
+    import uvicorn
+
+    parser = argparse.ArgumentParser(prog="_support.py ctranslate2-server")
+    parser.add_argument("--model-dir", required=True, help="a CTranslate2 model directory")
+    parser.add_argument("--source-spm", required=True)
+    parser.add_argument("--target-spm", required=True)
+    parser.add_argument("--beam-size", type=int, required=True)
+    parser.add_argument("--alpha", type=float, required=True, help="translate_batch's length_penalty")
+    parser.add_argument("--max-extra-length", type=int, required=True, help="outputs: source pieces + this, at most")
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="intra_threads")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=5001)
+    args = parser.parse_args(arguments)
+    start = time.perf_counter()
+    translator = ctranslate2.Translator(
+        args.model_dir, device="cpu", compute_type="float32", inter_threads=1, intra_threads=args.threads
+    )
+    source = sentencepiece.SentencePieceProcessor(model_file=args.source_spm)
+    target = sentencepiece.SentencePieceProcessor(model_file=args.target_spm)
+    app = ctranslate2_app(translator, source, target, args.beam_size, args.alpha, args.max_extra_length)
+    print(f"Serving CTranslate2 {ctranslate2.__version__} ({args.model_dir}) at http://{args.host}:{args.port}; "
+          f"{args.threads} threads, loaded in {time.perf_counter() - start:.1f} s", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["ctranslate2-server"]:
+        ctranslate2_server(sys.argv[2:])
+        sys.exit(0)
     if sys.argv[1:] != ["ctranslate2-worker"]:
-        sys.exit("usage: python benchmarks/_support.py ctranslate2-worker  (decoding_engines.py starts it)")
+        sys.exit("usage: python benchmarks/_support.py ctranslate2-worker|ctranslate2-server ...  "
+                 "(decoding_engines.py and serve_load.py start them)")
     # The replies take standard output's pipe; whatever else writes to
     # standard output goes to standard error instead.
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")

@@ -145,9 +145,10 @@ def test_warm_up_compiles_every_shape_so_translating_compiles_nothing(model, tok
         assert [t for t, _ in hypotheses] == [t for t, _ in wanted]
     if compiled.loops is None:  # compiled per shape (or once for all, TensorFlow without XLA)
         assert compiled.traces == traces
-    else:  # torch: every loop met was recorded by the warm-up
+    else:  # torch: every loop met was recorded by the warm-up, at once, and every record kept
         assert (compiled.loops.count, compiled.loops.eager) == recorded
-        assert recorded[0] >= 2 * 10
+        assert recorded[0] >= 2 * 10 and recorded[1] == 0
+        assert compiled.loops.size == 16 * 2 * 5 and len(compiled.loops._traces) == recorded[0]
 
 
 def test_search_ids_decodes_id_lists_as_search_decodes_their_strings(model, tokenizer):

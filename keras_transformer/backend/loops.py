@@ -79,13 +79,16 @@ class TracedLoops:
             set under torch: 36 traces a pass, half the speed).
 
     A loop is recorded the second time it is met with the same key, and
-    runs eagerly the first time. `count` counts the functions recorded;
-    `refused`, those the recorder refused; `eager`, the first meetings.
+    runs eagerly the first time; while `record_at_once` is True (a warm-up,
+    which meets each shape to reuse it), the first time. `count` counts the
+    functions recorded; `refused`, those the recorder refused; `eager`, the
+    first meetings.
     """
 
     def __init__(self, model, size=256):
         self.model = model
         self.size = size
+        self.record_at_once = False
         self.count = 0
         self.refused = 0
         self.eager = 0
@@ -120,7 +123,7 @@ class TracedLoops:
         if key in self._traces:
             self._traces.move_to_end(key)
             traced = self._traces[key][0]
-        elif key not in self._met:
+        elif key not in self._met and not self.record_at_once:
             # Met once: run eagerly, and recorded if met again. A record costs
             # dozens of runs (a tiny model's beam search: 1.4 s against 0.08 s
             # a call), which a loop run once never pays back.
@@ -130,7 +133,7 @@ class TracedLoops:
             self.eager += 1
             return None
         else:
-            del self._met[key]
+            self._met.pop(key, None)
             traced = self._trace(function, loop_vars, flat, extra)
             if traced is None:
                 self.refused += 1
@@ -221,7 +224,8 @@ def _closure_key(value, place, key, pinned, seen):
         if id(value) in seen:  # a function that refers to itself
             return True
         seen.add(id(value))
-        pinned.append(value)
+        # Not pinned: its code and contents are the key, not its identity,
+        # and a trace must not keep the tensors of its closure alive.
         cells = value.__closure__ or ()
         parts = [value.__defaults__ or (), value.__kwdefaults__ or {}]
         for cell in cells:

@@ -6,7 +6,7 @@ input, past what the model saw in training, and past its
 `max_source_length` it would be cut. So a text is split into lines, each
 line into sentences by `sentencex` (Wikimedia's rule-based splitter:
 native, maintained, with rules for many languages and fallbacks for the
-rest; chosen over pysbd and syntok by `benchmarks/sentence_splitters.py`:
+rest; chosen over pysbd and syntok by `benchmarks/serve_load.py --splitters`:
 as accurate on WMT news, and hundreds of times faster), and every character
 that is not a sentence (line breaks, blank lines, the spaces between
 sentences) stays where it was.

@@ -37,6 +37,7 @@ class CompiledFunction:
         trace_loops: under torch, with direct layer calls, trace the
             condition and body of each loop in `fn` once per shapes and
             replay the traces (`backend.loops.TracedLoops`).
+        traces: the most traces kept (`TracedLoops`'s `size`).
 
     Call it with NumPy arrays; it returns NumPy arrays. `traces` counts how
     often `fn` was traced: once per call under torch, which runs eagerly.
@@ -44,7 +45,8 @@ class CompiledFunction:
     `TracedLoops` under torch where loops are recorded, else None.
     """
 
-    def __init__(self, fn, model, input_ranks, jit_compile=False, direct_layer_calls=True, trace_loops=True):
+    def __init__(self, fn, model, input_ranks, jit_compile=False, direct_layer_calls=True, trace_loops=True,
+                 traces=256):
         self.fn = fn
         self.model = model
         self.traces = 0
@@ -77,7 +79,7 @@ class CompiledFunction:
             import torch
 
             direct = direct_layer_calls and _has_one_dtype(model)
-            loops = backend_loops.TracedLoops(model) if direct and trace_loops else None
+            loops = backend_loops.TracedLoops(model, traces) if direct and trace_loops else None
             self.decoding = DecodingOptions(direct=direct, loops=loops)
 
             def eager(*inputs):

@@ -162,6 +162,9 @@ class Translator:
             self.model,
             input_ranks=(2, 1, 0),
             jit_compile=jit_compile,
+            # Under torch, every shape's loops: a condition and a body per
+            # phase of the growing caches (up to 7), kept all at once.
+            traces=16 * len(self.row_counts()) * len(self.source_lengths),
         )
         if warm_up:
             self.warm_up(None if warm_up is True else warm_up)
@@ -176,10 +179,10 @@ class Translator:
     def warm_up(self, rows=None):
         """Compiles the search for every source length bucket, at each of
         `rows` (row counts; by default every one of `row_counts()`), so
-        that translating later compiles nothing. Under torch, which
-        records a shape's loops when it meets them a second time, each shape
-        is decoded twice to its longest output (EOS never ends it), so that
-        every phase of the growing caches is recorded.
+        that translating later compiles nothing. Under torch, whose loops
+        are recorded per shape, each shape is decoded to its longest output
+        (EOS never ends it), recording its loops at once, so that every
+        phase of the growing caches is recorded.
 
         Returns:
             `(programs, seconds)`: the shapes run, and the time it took.
@@ -192,17 +195,20 @@ class Translator:
                     f"{self.row_counts()}. Received: {count!r}"
                 )
         start = time.perf_counter()
-        torch = keras.backend.backend() == "torch"
+        loops = self._search.loops if keras.backend.backend() == "torch" else None
         for count in rows:
             for length in self.source_lengths:
                 source_ids = np.full((count, length), self.tokenizer.eos_id, "int32")
-                if torch:
-                    # Recorded at the second meeting, the loop of each phase
-                    # of the caches: decoded to the longest output, EOS never.
+                if loops is not None:
+                    # The loop of each phase of the caches, recorded: decoded
+                    # to the longest output, EOS never.
                     limits = np.full((count,), length - 1 + self.max_extra_length, "int32")
-                    for _ in range(2):
+                    loops.record_at_once = True
+                    try:
                         self._search(source_ids, limits, -1)
-                else:  # compiled whole for the shape: one step is enough
+                    finally:
+                        loops.record_at_once = False
+                elif keras.backend.backend() != "torch":  # compiled whole for the shape: one step is enough
                     self._search(source_ids, np.ones((count,), "int32"), self.tokenizer.eos_id)
         return len(rows) * len(self.source_lengths), time.perf_counter() - start
 
