@@ -3,7 +3,8 @@ unbatched and against a CTranslate2 server.
 
     KERAS_BACKEND=jax python benchmarks/serve_load.py --json OUT
     KERAS_BACKEND=torch python benchmarks/serve_load.py --json OUT
-    KERAS_BACKEND=jax python benchmarks/serve_load.py --size tiny --requests 8     # a smoke run: 10 minutes on 2 cores
+    KERAS_BACKEND=jax python benchmarks/serve_load.py --size tiny --requests 8     # a smoke run: minutes of warm-up
+    python benchmarks/serve_load.py --size tiny --requests 4 --no-warm-up     # a smoke run without warm-up, a minute
     KERAS_BACKEND=jax python benchmarks/serve_load.py --servers ours ctranslate2 --concurrency 32
     python benchmarks/serve_load.py --splitters --json benchmarks/results/sentence_splitters.json
 
@@ -190,10 +191,11 @@ def free_port():
         return probe.getsockname()[1]
 
 
-def server_command(name, models, port, threads):
+def server_command(name, models, port, threads, no_warm_up=False, max_source_length=48):
     if name.startswith("ours"):
         command = [sys.executable, "-m", "keras_transformer", "serve", "--model-dir", models["ours"],
-                   "--languages", "en-de", "--port", str(port)]
+                   "--languages", "en-de", "--port", str(port), "--max-source-length", str(max_source_length)]
+        command += ["--no-warm-up"] if no_warm_up else []
         return command + (["--no-batching"] if name == "ours-unbatched" else [])
     settings = models["settings"]
     return [sys.executable, os.path.join(HERE, "_support.py"), "ctranslate2-server", "--model-dir", models["ctranslate2"],
@@ -345,7 +347,7 @@ def cell(port, sentences, concurrency, args, expected_tokens, batches_of):
 def measure(name, models, sentences, expected_tokens, args, backend, work):
     """Starts `name`, sends its warm-up, runs its cells, stops it."""
     port = free_port()
-    server = Server(server_command(name, models, port, args.threads), os.path.join(work, f"{name}.log"), backend)
+    server = Server(server_command(name, models, port, args.threads, args.no_warm_up, args.max_source_length), os.path.join(work, f"{name}.log"), backend)
     report = {"command": " ".join(server.command), "cells": {}}
     try:
         started = time.perf_counter()
@@ -551,6 +553,10 @@ def main():
     parser.add_argument("--work-dir", help="where the models and server logs go, kept (default: a temporary "
                         "folder, removed)")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--max-source-length", type=int, default=48, help="ours' serve --max-source-length: the "
+                        "shapes it compiles (Multi30k's test sentences have at most 35 pieces and EOS)")
+    parser.add_argument("--no-warm-up", action="store_true", help="ours compiles each shape when first met (smoke runs: "
+                        "the figures then include compiles)")
     parser.add_argument("--splitters", action="store_true", help="instead of the load: the sentence splitters compared")
     parser.add_argument("--paragraphs", type=int, default=600, help="--splitters' paragraphs of each test set and language")
     args = parser.parse_args()

@@ -298,6 +298,32 @@ def test_decoding_engines_refuse_the_torch_paths_under_another_backend():
     assert "--torch-paths measures the torch backend's paths; KERAS_BACKEND is 'jax'" in stderr
 
 
+def test_serve_load_measures_each_server_at_each_concurrency_and_the_targets(tmp_path):
+    out = tmp_path / "load.json"
+    run_benchmark("serve_load.py", "--size", "tiny", "--requests", "3", "--concurrency", "1", "2", "--warm-up", "1",
+                  "--no-warm-up", "--settle", "0", "--json", str(out))
+    report = json.loads(out.read_text())
+    assert list(report["servers"]) == ["ours", "ours-unbatched", "ctranslate2"]
+    for name, server in report["servers"].items():
+        assert list(server["cells"]) == ["1", "2"], (name, server)
+        for row in server["cells"].values():
+            assert (row["answered"], row["failures"], row["wrong_lengths"]) == (3, 0, 0)
+            assert row["p50_ms"] <= row["p99_ms"] and row["sentences_per_second"] > 0
+    assert report["servers"]["ours-unbatched"]["cells"]["2"]["sentences_per_batch"] == 1.0
+    assert set(report["ratios"]) == {"ours p99/p50, c=1"}  # no cell at concurrency 32: no throughput ratio
+
+
+def test_serve_load_compares_the_sentence_splitters_on_known_sentences(tmp_path):
+    out = tmp_path / "splitters.json"
+    run_benchmark("serve_load.py", "--splitters", "--paragraphs", "20", "--json", str(out))
+    rows = json.loads(out.read_text())["rows"]
+    assert {(row["splitter"], row["test_set"], row["language"]) for row in rows} == {
+        (splitter, test_set, language) for splitter in ("pysbd", "sentencex", "syntok")
+        for test_set in ("newstest2013", "newstest2014") for language in ("en", "de")}
+    for row in rows:
+        assert row["paragraphs"] == 20 and 0.5 < row["precision"] <= 1 and 0.5 < row["recall"] <= 1
+
+
 def test_int8_decoding_reports_speed_and_bleu_of_both(tmp_path):
     import keras_transformer as kt
     from keras_transformer.data import SubwordTokenizer

@@ -6,6 +6,7 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import in_one_pass
 from translation_fixtures import SENTENCES
 
 from keras_transformer import cli
@@ -25,6 +26,7 @@ TEXTS = [
 
 
 @pytest.mark.parametrize("text", TEXTS)
+@in_one_pass("torch", "host code around Translator.search_ids, which every pass tests")
 def test_a_layout_gives_back_its_text_and_holds_only_stripped_sentences(text):
     layout = split_text(text, "de" if "Herr" in text else "en")
     assert layout.join(layout.sentences) == text
@@ -34,6 +36,7 @@ def test_a_layout_gives_back_its_text_and_holds_only_stripped_sentences(text):
     assert by_line.join(by_line.sentences) == text
 
 
+@in_one_pass("torch", "host code around Translator.search_ids, which every pass tests")
 def test_sentences_are_found_by_the_language_s_rules_and_translations_take_their_place():
     layout = split_text(TEXTS[0], "en")
     assert layout.sentences == ["Dr. Smith paid $3.50 for it.", "Then he left!", "Why?", "A new paragraph."]
@@ -43,6 +46,7 @@ def test_sentences_are_found_by_the_language_s_rules_and_translations_take_their
         layout.join(["1", "2", "3"])
 
 
+@in_one_pass("torch", "host code around Translator.search_ids, which every pass tests")
 def test_a_missing_splitter_is_named_with_its_install_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "sentencex", None)
     with pytest.raises(ImportError, match=r'needs sentencex: pip install "keras-vaswani\[serve\]"'):
@@ -50,6 +54,7 @@ def test_a_missing_splitter_is_named_with_its_install_line(monkeypatch):
     assert split_text("A. B.", sentences=False).sentences == ["A. B."]  # lines need no splitter
 
 
+@in_one_pass("torch", "host code around Translator.search_ids, which every pass tests")
 def test_long_sentences_are_decoded_in_pieces_and_joined():
     assert pieces(list(range(7)), 3) == [[0, 1, 2], [3, 4, 5], [6]]
     assert pieces([], 3) == [[]]
@@ -59,6 +64,7 @@ def test_long_sentences_are_decoded_in_pieces_and_joined():
     assert joined(["a", "b", "c", "d"], owners, 2) == ["a", "b c d"]
 
 
+@in_one_pass("torch", "host code around Translator.search_ids, which every pass tests")
 def test_translate_with_split_sentences_translates_each_sentence_in_its_place(translation_model, translation_tokenizer):
     translator = Translator(translation_model, translation_tokenizer, beam_size=2, max_extra_length=6, languages=("en", "de"))
     one, two, three = SENTENCES[:3]
@@ -76,7 +82,9 @@ def test_translate_with_split_sentences_translates_each_sentence_in_its_place(tr
     assert got == " ".join(translator.detokenize([np.asarray(hypotheses)[0].tolist() for hypotheses, _ in found]))
 
 
-def test_the_translate_command_splits_sentences_when_asked(translation_model, translation_tokenizer, tmp_path):
+@in_one_pass("torch", "host code around Translator.search_ids, which every pass tests")
+def test_the_translate_command_splits_sentences_when_asked(translation_model, translation_tokenizer, tmp_path,
+                                                           monkeypatch):
     directory = tmp_path / "translator"
     translator = Translator(translation_model, translation_tokenizer, beam_size=2, max_extra_length=6, languages=("en", "de"))
     translator.save(directory)
@@ -91,3 +99,6 @@ def test_the_translate_command_splits_sentences_when_asked(translation_model, tr
             assert lines == [f"{first} {second}", third]
         else:
             assert lines == translator.translate(expected)
+    monkeypatch.setitem(sys.modules, "sentencex", None)
+    with pytest.raises(SystemExit, match=r'^error: splitting sentences needs sentencex: pip install "keras-vaswani\[serve\]"'):
+        cli.main(["translate", "--model-dir", str(directory), "--input", str(source), "--split-sentences"])

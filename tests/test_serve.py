@@ -15,6 +15,7 @@ import keras
 import libretranslatepy  # the test extra's: LibreTranslate's own client
 import pytest
 import uvicorn
+from conftest import in_one_pass
 from process_runs import command
 from process_runs import free_port
 from translation_fixtures import model  # noqa: F401 (a fixture)
@@ -98,6 +99,7 @@ def test_libretranslate_s_client_gets_what_translate_gives(model_dir):
         assert (status, answer) == (200, {"translatedText": translator.translate(TEXTS)})
 
 
+@in_one_pass("torch", "the server's host code around Translator.search_ids, which every pass tests")
 def test_concurrent_requests_are_decoded_together(model_dir):
     """Sentences of requests that arrive together share batches, and each
     request gets its own sentences' translations."""
@@ -116,6 +118,7 @@ def test_concurrent_requests_are_decoded_together(model_dir):
         assert 'translate_requests_total{route="/translate",status="200"} 6' in text
 
 
+@in_one_pass("torch", "the server's host code around Translator.search_ids, which every pass tests")
 def test_sentences_lines_and_paragraphs_are_kept_and_a_long_sentence_is_split_with_a_warning(model_dir):
     translator = Translator.load(model_dir)
     long_sentence = " and ".join(text.rstrip(" .") for text in TEXTS * 4) + " ."  # past max_source_length=32
@@ -135,6 +138,7 @@ def test_sentences_lines_and_paragraphs_are_kept_and_a_long_sentence_is_split_wi
     ]
 
 
+@in_one_pass("torch", "the server's host code around Translator.search_ids, which every pass tests")
 def test_v1_gives_each_sentence_s_n_best_with_scores_and_takes_a_served_beam_size(model_dir):
     translator = Translator.load(model_dir)  # beam 2
     greedy = translator.with_search(beam_size=1)
@@ -160,6 +164,7 @@ def test_v1_gives_each_sentence_s_n_best_with_scores_and_takes_a_served_beam_siz
         assert status == 400 and "send JSON (application/json)." in answer["error"]
 
 
+@in_one_pass("torch", "the server's host code around Translator.search_ids, which every pass tests")
 def test_batching_off_decodes_each_request_alone(model_dir):
     translator = Translator.load(model_dir)
     with Server([model_dir], max_wait=0.2, across_requests=False) as server:
@@ -172,6 +177,7 @@ def test_batching_off_decodes_each_request_alone(model_dir):
         assert sum(batches.counts) == len(TEXTS) and batches.sum == 2 * len(TEXTS)  # a batch a request
 
 
+@in_one_pass("torch", "the server's host code around Translator.search_ids, which every pass tests")
 def test_bad_requests_get_a_json_error_and_the_server_keeps_serving(model_dir):
     translator = Translator.load(model_dir)
     limits = Limits(request_bytes=20_000, texts=50, characters=5_000)
@@ -235,6 +241,7 @@ def test_the_serve_command_starts_answers_and_ends_on_sigterm(model_dir, tmp_pat
         process.wait()
 
 
+@in_one_pass("torch", "the server's host code around Translator.search_ids, which every pass tests")
 def test_a_translator_without_a_pair_needs_one_given(model, tokenizer, tmp_path):  # noqa: F811
     directory = tmp_path / "old"
     Translator(model, tokenizer).save(directory)
@@ -244,6 +251,7 @@ def test_a_translator_without_a_pair_needs_one_given(model, tokenizer, tmp_path)
     assert list(translators) == [("en", "de")]
 
 
+@in_one_pass("torch", "the server's host code around Translator.search_ids, which every pass tests")
 def test_a_cancelled_request_s_sentences_are_not_decoded():
     """A request cancelled (its client gone) before its batch starts takes
     its sentences out: the translator never decodes them."""

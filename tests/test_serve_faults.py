@@ -9,6 +9,7 @@ import socket
 import urllib.parse
 
 import pytest
+from conftest import in_one_pass
 from process_runs import serving
 from translation_fixtures import model  # noqa: F401 (a fixture)
 from translation_fixtures import tokenizer  # noqa: F401 (a fixture)
@@ -65,6 +66,7 @@ FAULTS = [
 ]
 
 
+@in_one_pass("torch", "the server's host code around Translator.search_ids, which every pass tests")
 def test_a_thousand_faults_get_json_errors_and_leave_the_server_as_it_was(model_dir):
     with serving("--model-dir", model_dir, "--no-warm-up", "--max-queue", 64, "--max-texts", 200) as (process, url):
         expected = post(url, json.dumps(GOOD).encode())
@@ -87,6 +89,7 @@ def test_a_thousand_faults_get_json_errors_and_leave_the_server_as_it_was(model_
         assert process.poll() is None
 
 
+@in_one_pass("torch", "the server's host code around Translator.search_ids, which every pass tests")
 def test_a_5000_word_document_keeps_its_paragraphs_and_lines_and_every_sentence(model_dir, tmp_path):
     """A document of paragraphs of sentences (some with line breaks inside)
     comes back with the same paragraphs and lines, and a translation for

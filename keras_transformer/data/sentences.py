@@ -72,6 +72,15 @@ def pieces(ids, longest):
     return [ids[start : start + longest] for start in range(0, len(ids), longest)] or [ids]
 
 
+def check_splitter():
+    """Raises a ValueError that says what to install if sentencex is
+    missing: for the commands, which say it in one line before they start."""
+    try:
+        _segmenter()
+    except ImportError as error:
+        raise ValueError(str(error)) from None
+
+
 def _segmenter():
     try:
         import sentencex

@@ -31,6 +31,7 @@ import time
 import zlib
 
 from keras_transformer.data.corpus import decode_line
+from keras_transformer.data.sentences import check_splitter
 from keras_transformer.files import CannotWrite
 from keras_transformer.files import write_atomically
 
@@ -154,6 +155,8 @@ def translate_file(
     """
     started = time.perf_counter()
     check_window(window)
+    if split_sentences:
+        check_splitter()
     lines = RawLines(source)
     first, end = 0, None
     if shard is not None:

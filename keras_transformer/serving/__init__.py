@@ -20,7 +20,7 @@ from keras_transformer.serving.service import Service
 
 __all__ = ["Limits", "Metrics", "Service", "create_app", "load_translators", "serve"]
 
-MISSING_EXTRA = 'serve needs Starlette and uvicorn: pip install "keras-vaswani[serve]" (or, in a clone, pip install -e ".[serve]")'
+MISSING_EXTRA = 'serve needs Starlette, uvicorn and sentencex: pip install "keras-vaswani[serve]" (or, in a clone, pip install -e ".[serve]")'
 
 
 def load_translators(model_dirs, languages=None, **overrides):
@@ -71,6 +71,7 @@ def serve(model_dirs, languages=None, host="127.0.0.1", port=5000, warm_up=True,
         **overrides: `Translator.load` settings, such as `beam_size=1`.
     """
     try:
+        import sentencex  # noqa: F401 - the service's sentence splitter
         import starlette  # noqa: F401 - create_app's
         import uvicorn
     except ImportError:

@@ -16,6 +16,8 @@ def add_arguments(command):
     command.add_argument("--beam-size", type=int, help="hypotheses kept (default: the saved one)")
     command.add_argument("--beam-sizes", type=int, nargs="+", default=[], metavar="N", help="other beam sizes /v1/translate may ask for (each compiled at start)")
     command.add_argument("--quantize", choices=["int8"], help="decode with int8 weights")
+    command.add_argument("--max-source-length", type=int, metavar="TOKENS", help="the longest sentence decoded whole "
+                         "(default: the saved one); longer ones go in pieces. Fewer shapes to compile at start")
     command.add_argument("--no-warm-up", action="store_true", help="start at once; compile each shape when first met")
     command.add_argument("--max-batch-tokens", type=int, default=4096, help="source tokens decoded together at most (default 4096)")
     command.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a batch waits for more sentences (default 5)")
@@ -34,7 +36,8 @@ def run(args):
     from keras_transformer.serving import Limits
     from keras_transformer.serving import serve
 
-    overrides = {name: getattr(args, name) for name in ("beam_size", "quantize") if getattr(args, name) is not None}
+    overrides = {name: getattr(args, name) for name in ("beam_size", "quantize", "max_source_length")
+                 if getattr(args, name) is not None}
     serve(
         args.model_dir, None if args.languages is None else [parse_pair(pair) for pair in args.languages],
         host=args.host, port=args.port, warm_up=not args.no_warm_up,
