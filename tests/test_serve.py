@@ -280,3 +280,44 @@ def test_a_cancelled_request_s_sentences_are_not_decoded():
         return translator.decoded
 
     assert asyncio.run(scenario()) == [(5, 6, 3)]
+
+
+@in_one_pass("torch", "the batcher's host code, the same under every backend")
+def test_a_batch_waits_for_sentences_from_when_the_decoder_is_free_and_not_once_it_is_full():
+    """A sentence that waited through a batch still waits `max_wait` after
+    it for others (the clients just answered), so they share the next
+    batch; a full batch starts at once."""
+    import asyncio
+
+    from keras_transformer.serving.batcher import Batcher
+
+    class Slow:
+        batch_size = 3
+
+        def __init__(self):
+            self.batches = []
+
+        def search_ids(self, sources):
+            self.batches.append([ids[0] for ids in sources])
+            time.sleep(0.3)
+            return [([ids], [0.0]) for ids in sources]
+
+    async def scenario():
+        translator = Slow()
+        batcher = Batcher(translator, max_wait=0.2)
+        batcher.start()
+        first = asyncio.ensure_future(batcher.search([[1, 3]]))
+        await asyncio.sleep(0.25)  # the first batch is decoding
+        second = asyncio.ensure_future(batcher.search([[2, 3]]))
+        await first
+        await asyncio.sleep(0.05)  # a client just answered sends its next sentence
+        await asyncio.gather(second, batcher.search([[3, 3]]))
+        started = time.perf_counter()
+        await batcher.search([[4, 3], [5, 3], [6, 3]])  # full: no wait
+        full = time.perf_counter() - started
+        await batcher.stop()
+        return translator.batches, full
+
+    batches, full = asyncio.run(scenario())
+    assert batches == [[1], [2, 3], [4, 5, 6]]
+    assert full < 0.3 + 0.15

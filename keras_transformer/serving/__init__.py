@@ -106,10 +106,12 @@ def limit_threads(threads):
     the cores it may use (as `taskset` would), and TensorFlow and torch size
     their thread pools to match (JAX's XLA sizes its pool by the cores the
     process may use). Called before the backend computes anything."""
-    cores = sorted(os.sched_getaffinity(0))
+    affinity = hasattr(os, "sched_setaffinity")  # Linux's; elsewhere the pools alone are sized
+    cores = sorted(os.sched_getaffinity(0)) if affinity else list(range(os.cpu_count() or 1))
     if not isinstance(threads, int) or not 1 <= threads <= len(cores):
         raise ValueError(f"threads must be an integer from 1 to the {len(cores)} cores this process may use. Received: {threads!r}")
-    os.sched_setaffinity(0, cores[:threads])
+    if affinity:
+        os.sched_setaffinity(0, cores[:threads])
     backend = keras.backend.backend()
     if backend == "torch":
         import torch

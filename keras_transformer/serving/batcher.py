@@ -1,10 +1,14 @@
 """Batching across requests: the sentences of every request waiting for one
 translator are decoded together.
 
-Requests arrive on the server's event loop; one thread per translator
-decodes. A batch starts when the thread is free: it takes the waiting
-sentences, up to a token budget, after waiting at most `max_wait` for more
-to join the first. The `Translator` then sorts them by length into its own
+Requests arrive on the server's event loop; one thread decodes. A batch
+starts when the thread is free: it takes the waiting sentences, up to a
+token budget, after waiting at most `max_wait` for more to join, counted
+from the later of the first one's arrival and the end of the last batch
+(clients answered by one batch send their next sentences within
+milliseconds: a batch that started without them would leave them to wait
+a whole batch, and batches would alternate large and small), and not at all
+once a full batch (`translator.batch_size` sentences) waits. The `Translator` then sorts them by length into its own
 batches, padded to its buckets of source lengths and row counts, so that a
 compiled backend meets only the shapes `Translator.warm_up` compiled.
 """
@@ -45,7 +49,7 @@ class Batcher:
             own, one request after another (batching off, for comparison).
     """
 
-    def __init__(self, translator, max_tokens=4096, max_wait=0.005, max_queue=1024, metrics=None, executor=None,
+    def __init__(self, translator, max_tokens=4096, max_wait=0.01, max_queue=1024, metrics=None, executor=None,
                  across_requests=True):
         for name, value in (("max_tokens", max_tokens), ("max_queue", max_queue)):
             if not isinstance(value, int) or value < 1:
@@ -125,15 +129,32 @@ class Batcher:
             tokens += len(sentence.ids)
         return batch
 
+    def _full(self):
+        """Whether a whole batch waits: the translator's rows, or the token budget."""
+        rows = getattr(self.translator, "batch_size", None)
+        return (rows is not None and len(self._waiting) >= rows
+                or sum(len(sentence.ids) for sentence in self._waiting) >= self.max_tokens)
+
+    async def _gather(self, free_since):
+        """Waits up to `max_wait` from the later of the first waiting
+        sentence's arrival and `free_since` for more to join, unless a
+        whole batch already waits."""
+        deadline = max(self._waiting[0].arrived, free_since) + self.max_wait
+        while not self._full() and (left := deadline - time.perf_counter()) > 0:
+            try:
+                await asyncio.wait_for(self._arrived.wait(), left)
+            except TimeoutError:
+                return
+            self._arrived.clear()
+
     async def _run(self):
         loop = asyncio.get_running_loop()
+        free_since = time.perf_counter()
         while True:
             await self._arrived.wait()
             self._arrived.clear()
             if self.max_wait and self.across_requests and self._waiting:
-                # The first sentence waits a moment for others to join it.
-                first = self._waiting[0].arrived
-                await asyncio.sleep(max(0.0, first + self.max_wait - time.perf_counter()))
+                await self._gather(free_since)
             batch = self._take_batch()
             if self._waiting:
                 self._arrived.set()  # more than a batch: go round again
@@ -152,5 +173,6 @@ class Batcher:
             for sentence, result in zip(batch, found):
                 if not sentence.future.done():
                     sentence.future.set_result(result)
+            free_since = time.perf_counter()
             if self.metrics is not None:
-                self.metrics.batch(len(batch), time.perf_counter() - started)
+                self.metrics.batch(len(batch), free_since - started)
