@@ -265,28 +265,33 @@ def test_a_cancelled_request_s_sentences_are_not_decoded():
 
         def search_ids(self, sources):
             self.decoded.extend(tuple(ids) for ids in sources)
+            time.sleep(0.15)
             return [([ids], [0.0]) for ids in sources]
 
     async def scenario():
         translator = Recording()
         batcher = Batcher(translator, max_wait=0.2)
         batcher.start()
+        busy = asyncio.ensure_future(batcher.search([[1, 3]]))  # decoding while the others wait
+        await asyncio.sleep(0.02)
         kept = asyncio.ensure_future(batcher.search([[5, 6, 3]]))
         gone = asyncio.ensure_future(batcher.search([[7, 8, 3], [9, 3]]))
-        await asyncio.sleep(0.05)  # both wait in the queue for the batch's 0.2 s
+        await asyncio.sleep(0.05)
         gone.cancel()
         assert await kept == [([[5, 6, 3]], [0.0])]
+        await busy
         await batcher.stop()
         return translator.decoded
 
-    assert asyncio.run(scenario()) == [(5, 6, 3)]
+    assert asyncio.run(scenario()) == [(1, 3), (5, 6, 3)]
 
 
 @in_one_pass("torch", "the batcher's host code, the same under every backend")
-def test_a_batch_waits_for_sentences_from_when_the_decoder_is_free_and_not_once_it_is_full():
-    """A sentence that waited through a batch still waits `max_wait` after
-    it for others (the clients just answered), so they share the next
-    batch; a full batch starts at once."""
+def test_a_batch_waits_for_as_many_sentences_as_the_last_from_when_the_decoder_is_free():
+    """After a batch of two, a sentence that waited through it waits
+    `max_wait` more for a second (its clients, just answered), so they share
+    the next batch; after a batch of one, or with a full batch waiting, a
+    batch starts at once."""
     import asyncio
 
     from keras_transformer.serving.batcher import Batcher
@@ -302,22 +307,27 @@ def test_a_batch_waits_for_sentences_from_when_the_decoder_is_free_and_not_once_
             time.sleep(0.3)
             return [([ids], [0.0]) for ids in sources]
 
+    async def timed(work):
+        started = time.perf_counter()
+        await work
+        return time.perf_counter() - started
+
     async def scenario():
         translator = Slow()
         batcher = Batcher(translator, max_wait=0.2)
         batcher.start()
-        first = asyncio.ensure_future(batcher.search([[1, 3]]))
-        await asyncio.sleep(0.25)  # the first batch is decoding
-        second = asyncio.ensure_future(batcher.search([[2, 3]]))
+        first = asyncio.gather(batcher.search([[1, 3]]), batcher.search([[1, 3]]))  # a batch of two
+        await asyncio.sleep(0.1)
+        second = asyncio.ensure_future(batcher.search([[2, 3]]))  # waits through the first batch
         await first
         await asyncio.sleep(0.05)  # a client just answered sends its next sentence
         await asyncio.gather(second, batcher.search([[3, 3]]))
-        started = time.perf_counter()
-        await batcher.search([[4, 3], [5, 3], [6, 3]])  # full: no wait
-        full = time.perf_counter() - started
+        full = await timed(batcher.search([[4, 3], [5, 3], [6, 3]]))  # a full batch: no wait
+        alone = await timed(batcher.search([[7, 3]]))  # after a batch of three, waits 0.2 s for more
+        again = await timed(batcher.search([[8, 3]]))  # after a batch of one: no wait
         await batcher.stop()
-        return translator.batches, full
+        return translator.batches, full, alone, again
 
-    batches, full = asyncio.run(scenario())
-    assert batches == [[1], [2, 3], [4, 5, 6]]
-    assert full < 0.3 + 0.15
+    batches, full, alone, again = asyncio.run(scenario())
+    assert batches == [[1, 1], [2, 3], [4, 5, 6], [7], [8]]
+    assert full < 0.3 + 0.15 and again < 0.3 + 0.15 < alone

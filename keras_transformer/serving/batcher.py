@@ -3,12 +3,13 @@ translator are decoded together.
 
 Requests arrive on the server's event loop; one thread decodes. A batch
 starts when the thread is free: it takes the waiting sentences, up to a
-token budget, after waiting at most `max_wait` for more to join, counted
-from the later of the first one's arrival and the end of the last batch
-(clients answered by one batch send their next sentences within
-milliseconds: a batch that started without them would leave them to wait
-a whole batch, and batches would alternate large and small), and not at all
-once a full batch (`translator.batch_size` sentences) waits. The `Translator` then sorts them by length into its own
+token budget, after waiting at most `max_wait` for as many as the last
+batch had, counted from the later of the first one's arrival and the end
+of the last batch. The clients a batch answered send their next sentences
+within milliseconds: a batch that started without them would leave them to
+wait a whole batch, and batches would alternate large and small. A lone
+client's sentence, after a batch of one, does not wait at all; nor does a
+full batch (`translator.batch_size` sentences). The `Translator` then sorts them by length into its own
 batches, padded to its buckets of source lengths and row counts, so that a
 compiled backend meets only the shapes `Translator.warm_up` compiled.
 """
@@ -49,7 +50,7 @@ class Batcher:
             own, one request after another (batching off, for comparison).
     """
 
-    def __init__(self, translator, max_tokens=4096, max_wait=0.01, max_queue=1024, metrics=None, executor=None,
+    def __init__(self, translator, max_tokens=4096, max_wait=0.05, max_queue=1024, metrics=None, executor=None,
                  across_requests=True):
         for name, value in (("max_tokens", max_tokens), ("max_queue", max_queue)):
             if not isinstance(value, int) or value < 1:
@@ -129,18 +130,19 @@ class Batcher:
             tokens += len(sentence.ids)
         return batch
 
-    def _full(self):
-        """Whether a whole batch waits: the translator's rows, or the token budget."""
+    def _enough(self, expected):
+        """Whether `expected` sentences wait, or a whole batch: the
+        translator's rows, or the token budget."""
         rows = getattr(self.translator, "batch_size", None)
-        return (rows is not None and len(self._waiting) >= rows
+        return (len(self._waiting) >= expected or rows is not None and len(self._waiting) >= rows
                 or sum(len(sentence.ids) for sentence in self._waiting) >= self.max_tokens)
 
-    async def _gather(self, free_since):
+    async def _gather(self, free_since, expected):
         """Waits up to `max_wait` from the later of the first waiting
-        sentence's arrival and `free_since` for more to join, unless a
-        whole batch already waits."""
+        sentence's arrival and `free_since` for more to join, until
+        `expected` sentences (or a whole batch) wait."""
         deadline = max(self._waiting[0].arrived, free_since) + self.max_wait
-        while not self._full() and (left := deadline - time.perf_counter()) > 0:
+        while not self._enough(expected) and (left := deadline - time.perf_counter()) > 0:
             try:
                 await asyncio.wait_for(self._arrived.wait(), left)
             except TimeoutError:
@@ -149,12 +151,12 @@ class Batcher:
 
     async def _run(self):
         loop = asyncio.get_running_loop()
-        free_since = time.perf_counter()
+        free_since, expected = time.perf_counter(), 1
         while True:
             await self._arrived.wait()
             self._arrived.clear()
             if self.max_wait and self.across_requests and self._waiting:
-                await self._gather(free_since)
+                await self._gather(free_since, expected)
             batch = self._take_batch()
             if self._waiting:
                 self._arrived.set()  # more than a batch: go round again
@@ -173,6 +175,7 @@ class Batcher:
             for sentence, result in zip(batch, found):
                 if not sentence.future.done():
                     sentence.future.set_result(result)
-            free_since = time.perf_counter()
+            # Its clients, answered, will likely send as many again.
+            free_since, expected = time.perf_counter(), len(batch)
             if self.metrics is not None:
                 self.metrics.batch(len(batch), free_since - started)

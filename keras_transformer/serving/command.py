@@ -20,7 +20,7 @@ def add_arguments(command):
                          "(default: the saved one); longer ones go in pieces. Fewer shapes to compile at start")
     command.add_argument("--no-warm-up", action="store_true", help="start at once; compile each shape when first met")
     command.add_argument("--max-batch-tokens", type=int, default=4096, help="source tokens decoded together at most (default 4096)")
-    command.add_argument("--max-wait-ms", type=float, default=10.0, help="how long a batch waits for more sentences (default 10)")
+    command.add_argument("--max-wait-ms", type=float, default=50.0, help="how long a batch waits for as many sentences as the last had (default 50)")
     command.add_argument("--max-queue", type=int, default=1024, help="sentences waiting before requests get 429 (default 1024)")
     command.add_argument("--no-batching", action="store_true", help="decode each request on its own, one after another (to compare)")
     command.add_argument("--threads", type=int, help="CPU cores the backend computes on (default: all it may use)")
