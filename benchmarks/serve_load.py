@@ -103,19 +103,20 @@ TARGETS = {  # the issue's: (what, bound)
 # The model -------------------------------------------------------------------------
 
 
-def multi30k_pieces(vocabulary_size):
-    """A SentencePiece model (bytes) of Multi30k's English training side."""
+def multi30k_pieces(vocabulary_size, train_source):
+    """A SentencePiece model (bytes) of `train_source` (Multi30k's English
+    training side)."""
     import sentencepiece
 
     model = io.BytesIO()
     sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(read_sentences(TRAIN_SOURCE)), model_writer=model, vocab_size=vocabulary_size,
+        sentence_iterator=iter(read_sentences(train_source)), model_writer=model, vocab_size=vocabulary_size,
         minloglevel=2,
     )
     return model.getvalue()
 
 
-def build_models(size_name, spm_vocabulary, work):
+def build_models(size_name, spm_vocabulary, work, train_source=TRAIN_SOURCE):
     """The random OPUS-MT model with Multi30k's pieces, converted both ways:
     {"ours", "ctranslate2", "spm": directories and path, "settings":
     translator.json, "translator": ours, loaded here}."""
@@ -124,7 +125,7 @@ def build_models(size_name, spm_vocabulary, work):
 
     from keras_transformer.convert import convert
 
-    spm = multi30k_pieces(spm_vocabulary)
+    spm = multi30k_pieces(spm_vocabulary, train_source)
     processor = sentencepiece.SentencePieceProcessor(model_proto=spm)
     pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())
               if not processor.is_control(i) and not processor.is_unknown(i)]
@@ -517,7 +518,8 @@ def compare_splitters(args):
     for name, split in splitters(SPLITTERS).items():
         for test_set in ("newstest2013", "newstest2014"):
             for language in ("en", "de"):
-                found = paragraphs(os.path.join(WMT, f"{test_set}.{language}"), SENTENCES_PER_PARAGRAPH, args.paragraphs)
+                found = paragraphs(os.path.join(args.wmt, f"{test_set}.{language}"), SENTENCES_PER_PARAGRAPH,
+                                   args.paragraphs)
                 row = {"splitter": name, "test_set": test_set, "language": language, "paragraphs": len(found)}
                 row.update(splitter_score(split, language, found))
                 row["sentences_per_second"] = splitter_speed(split, language, found, rounds=3)
@@ -559,12 +561,16 @@ def main():
                         "the figures then include compiles)")
     parser.add_argument("--splitters", action="store_true", help="instead of the load: the sentence splitters compared")
     parser.add_argument("--paragraphs", type=int, default=600, help="--splitters' paragraphs of each test set and language")
+    parser.add_argument("--wmt", default=WMT, help="--splitters' folder of newstest2013 and newstest2014 (.en, .de; "
+                        "default: ../shared/data/wmt14)")
+    parser.add_argument("--train-source", default=TRAIN_SOURCE, help="the text the SentencePiece model is trained on "
+                        "(default: Multi30k's train.en, in ../shared/data)")
     args = parser.parse_args()
     if args.splitters:
         return compare_splitters(args)
     if min(args.concurrency) < 1 or args.requests < 1 or args.warm_up < 0 or args.max_seconds <= 0:
         parser.error("--concurrency and --requests must be >= 1, --warm-up >= 0, --max-seconds > 0")
-    for path in (args.sentences, TRAIN_SOURCE):
+    for path in (args.sentences, args.train_source):
         if not os.path.isfile(path):
             parser.error(f"{path} is not a file; this tool reads Multi30k from ../shared/data")
     # A stopped run stops its server (`measure`'s finally).
@@ -581,7 +587,7 @@ def main():
     try:
         began = time.perf_counter()
         sentences = read_sentences(args.sentences)
-        models = build_models(args.size, args.spm_vocab, work)
+        models = build_models(args.size, args.spm_vocab, work, args.train_source)
         settings = models["settings"]
         pieces = source_lengths(models, sentences)
         used = [pieces[i % len(pieces)] for i in range(args.requests)]

@@ -6,6 +6,7 @@ file that nothing names."""
 
 import ast
 import glob
+import itertools
 import json
 import os
 import re
@@ -300,8 +301,13 @@ def test_decoding_engines_refuse_the_torch_paths_under_another_backend():
 
 def test_serve_load_measures_each_server_at_each_concurrency_and_the_targets(tmp_path):
     out = tmp_path / "load.json"
+    train = tmp_path / "train.en"
+    train.write_text("\n".join(builtin_corpus("train", size=2_000, seed=0).sources) + "\n", encoding="utf-8")
+    sentences = tmp_path / "test.en"
+    sentences.write_text("\n".join(builtin_corpus("test", size=10, seed=1).sources) + "\n", encoding="utf-8")
     run_benchmark("serve_load.py", "--size", "tiny", "--requests", "3", "--concurrency", "1", "2", "--warm-up", "1",
-                  "--no-warm-up", "--settle", "0", "--json", str(out))
+                  "--no-warm-up", "--settle", "0", "--train-source", str(train), "--sentences", str(sentences),
+                  "--spm-vocab", "100", "--json", str(out))
     report = json.loads(out.read_text())
     assert list(report["servers"]) == ["ours", "ours-unbatched", "ctranslate2"]
     for name, server in report["servers"].items():
@@ -315,7 +321,11 @@ def test_serve_load_measures_each_server_at_each_concurrency_and_the_targets(tmp
 
 def test_serve_load_compares_the_sentence_splitters_on_known_sentences(tmp_path):
     out = tmp_path / "splitters.json"
-    run_benchmark("serve_load.py", "--splitters", "--paragraphs", "20", "--json", str(out))
+    for test_set, language in itertools.product(("newstest2013", "newstest2014"), ("en", "de")):
+        word = "Satz" if language == "de" else "Sentence"
+        (tmp_path / f"{test_set}.{language}").write_text(
+            "".join(f"{word} {i} of {test_set}, Nr. {i % 7}, ends here.\n" for i in range(100)), encoding="utf-8")
+    run_benchmark("serve_load.py", "--splitters", "--paragraphs", "20", "--wmt", str(tmp_path), "--json", str(out))
     rows = json.loads(out.read_text())["rows"]
     assert {(row["splitter"], row["test_set"], row["language"]) for row in rows} == {
         (splitter, test_set, language) for splitter in ("pysbd", "sentencex", "syntok")
