@@ -5,7 +5,6 @@ import concurrent.futures
 import json
 import os
 import signal
-import subprocess
 import threading
 import time
 import urllib.error
@@ -16,9 +15,10 @@ import libretranslatepy  # the test extra's: LibreTranslate's own client
 import pytest
 import uvicorn
 from conftest import in_one_pass
-from process_runs import command
 from process_runs import free_port
+from process_runs import serving
 from translation_fixtures import model  # noqa: F401 (a fixture)
+from translation_fixtures import served_dir  # noqa: F401 (a fixture)
 from translation_fixtures import tokenizer  # noqa: F401 (a fixture)
 
 from keras_transformer.decoding import Translator
@@ -32,12 +32,6 @@ from keras_transformer.serving import load_translators
 TEXTS = ["the old man sees the dog .", "a woman helps the small child .", "the cat ."]
 
 
-@pytest.fixture
-def model_dir(model, tokenizer, tmp_path):  # noqa: F811 (fixtures)
-    directory = tmp_path / "en-de"
-    Translator(model, tokenizer, beam_size=2, max_extra_length=6, max_source_length=32,
-               batch_size=8, languages=("en", "de")).save(directory)
-    return str(directory)
 
 
 class Server:
@@ -83,11 +77,11 @@ def translate_json(**fields):
     return json.dumps(fields).encode()
 
 
-def test_libretranslate_s_client_gets_what_translate_gives(model_dir):
+def test_libretranslate_s_client_gets_what_translate_gives(served_dir):
     """LibreTranslate's own Python client, unchanged, against the server:
     each text as `Translator.translate` gives it, and the pair listed."""
-    translator = Translator.load(model_dir)
-    with Server([model_dir]) as server:
+    translator = Translator.load(served_dir)
+    with Server([served_dir]) as server:
         client = libretranslatepy.LibreTranslateAPI(server.url)
         for text in TEXTS:
             assert client.translate(text, "en", "de") == translator.translate([text])[0]
@@ -100,12 +94,12 @@ def test_libretranslate_s_client_gets_what_translate_gives(model_dir):
 
 
 @in_one_pass("torch", "the server's host code around Translator.search_ids, which every pass tests")
-def test_concurrent_requests_are_decoded_together(model_dir):
+def test_concurrent_requests_are_decoded_together(served_dir):
     """Sentences of requests that arrive together share batches, and each
     request gets its own sentences' translations."""
-    translator = Translator.load(model_dir)
+    translator = Translator.load(served_dir)
     expected = translator.translate(TEXTS)
-    with Server([model_dir], max_wait=0.2) as server:
+    with Server([served_dir], max_wait=0.2) as server:
         with concurrent.futures.ThreadPoolExecutor(len(TEXTS) * 2) as pool:
             answers = list(pool.map(
                 lambda text: server.post("/translate", translate_json(q=text, source="en", target="de")),
@@ -119,11 +113,11 @@ def test_concurrent_requests_are_decoded_together(model_dir):
 
 
 @in_one_pass("torch", "the server's host code around Translator.search_ids, which every pass tests")
-def test_sentences_lines_and_paragraphs_are_kept_and_a_long_sentence_is_split_with_a_warning(model_dir):
-    translator = Translator.load(model_dir)
+def test_sentences_lines_and_paragraphs_are_kept_and_a_long_sentence_is_split_with_a_warning(served_dir):
+    translator = Translator.load(served_dir)
     long_sentence = " and ".join(text.rstrip(" .") for text in TEXTS * 4) + " ."  # past max_source_length=32
     text = f"{TEXTS[0]}  {TEXTS[1]}\n{TEXTS[2]}\n\n{long_sentence}\n"
-    with Server([model_dir]) as server:
+    with Server([served_dir]) as server:
         status, answer, _ = server.post("/translate", translate_json(q=text, source="en", target="de"))
     assert status == 200
     first, second, third = translator.translate(TEXTS)
@@ -139,10 +133,10 @@ def test_sentences_lines_and_paragraphs_are_kept_and_a_long_sentence_is_split_wi
 
 
 @in_one_pass("torch", "the server's host code around Translator.search_ids, which every pass tests")
-def test_v1_gives_each_sentence_s_n_best_with_scores_and_takes_a_served_beam_size(model_dir):
-    translator = Translator.load(model_dir)  # beam 2
+def test_v1_gives_each_sentence_s_n_best_with_scores_and_takes_a_served_beam_size(served_dir):
+    translator = Translator.load(served_dir)  # beam 2
     greedy = translator.with_search(beam_size=1)
-    with Server([model_dir], beam_sizes=[1]) as server:
+    with Server([served_dir], beam_sizes=[1]) as server:
         status, answer, _ = server.post("/v1/translate", translate_json(
             q=[f"{TEXTS[0]} {TEXTS[1]}", TEXTS[2]], source="en", target="de", n_best=2))
         assert status == 200 and answer["warnings"] == []
@@ -165,9 +159,9 @@ def test_v1_gives_each_sentence_s_n_best_with_scores_and_takes_a_served_beam_siz
 
 
 @in_one_pass("torch", "the server's host code around Translator.search_ids, which every pass tests")
-def test_batching_off_decodes_each_request_alone(model_dir):
-    translator = Translator.load(model_dir)
-    with Server([model_dir], max_wait=0.2, across_requests=False) as server:
+def test_batching_off_decodes_each_request_alone(served_dir):
+    translator = Translator.load(served_dir)
+    with Server([served_dir], max_wait=0.2, across_requests=False) as server:
         with concurrent.futures.ThreadPoolExecutor(len(TEXTS)) as pool:
             answers = list(pool.map(
                 lambda text: server.post("/translate", translate_json(q=[text, text], source="en", target="de")), TEXTS
@@ -178,10 +172,10 @@ def test_batching_off_decodes_each_request_alone(model_dir):
 
 
 @in_one_pass("torch", "the server's host code around Translator.search_ids, which every pass tests")
-def test_bad_requests_get_a_json_error_and_the_server_keeps_serving(model_dir):
-    translator = Translator.load(model_dir)
+def test_bad_requests_get_a_json_error_and_the_server_keeps_serving(served_dir):
+    translator = Translator.load(served_dir)
     limits = Limits(request_bytes=20_000, texts=50, characters=5_000)
-    with Server([model_dir], limits, max_queue=40) as server:
+    with Server([served_dir], limits, max_queue=40) as server:
         cases = [
             (b"{not json", "application/json", 400, "not valid JSON"),
             (b'{"q": "\xff\xfe", "source": "en", "target": "de"}', "application/json", 400, "not valid UTF-8"),
@@ -204,41 +198,24 @@ def test_bad_requests_get_a_json_error_and_the_server_keeps_serving(model_dir):
         assert (status, answer) == (200, {"translatedText": translator.translate(["the cat ."])[0]})
 
 
-def test_the_serve_command_starts_answers_and_ends_on_sigterm(model_dir, tmp_path):
+def test_the_serve_command_starts_answers_and_ends_on_sigterm(served_dir, tmp_path):
     """The command prints its one line, serves, and on SIGTERM answers
     what it accepted and exits 0 (`--languages` names the pair the
     translator saved: the flag is read, and agrees)."""
-    port = free_port()
-    process = subprocess.Popen(
-        # Batches wait 0.5 s for more sentences: the requests are in flight at SIGTERM.
-        command("serve", "--model-dir", model_dir, "--port", port, "--no-warm-up", "--max-wait-ms", 500,
-                "--languages", "en-de"),
-        env=dict(os.environ, KERAS_BACKEND=keras.backend.backend()),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    try:
+    # Batches wait 0.5 s for more sentences: the requests are in flight at SIGTERM.
+    with serving("--model-dir", served_dir, "--no-warm-up", "--max-wait-ms", 500, "--languages", "en-de") as (
+        process, url
+    ):
         line = process.stdout.readline()
-        assert line.startswith(f"Serving en-de ({model_dir}) at http://127.0.0.1:{port} on {keras.backend.backend()}")
-        url = f"http://127.0.0.1:{port}/"
-        deadline = time.time() + 60
-        while True:
-            try:
-                urllib.request.urlopen(url + "health", timeout=5)
-                break
-            except OSError:
-                assert time.time() < deadline and process.poll() is None, process.stderr.read()[-2000:]
-                time.sleep(0.1)
+        assert line.startswith(f"Serving en-de ({served_dir}) at {url.rstrip('/')} on {keras.backend.backend()}")
         client = libretranslatepy.LibreTranslateAPI(url)
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
             answers = [pool.submit(client.translate, text, "en", "de") for text in TEXTS]
             time.sleep(0.25)
             process.send_signal(signal.SIGTERM)
             translations = [answer.result(timeout=60) for answer in answers]
-        assert translations == Translator.load(model_dir).translate(TEXTS)
+        assert translations == Translator.load(served_dir).translate(TEXTS)
         assert process.wait(timeout=60) == 0
-    finally:
-        process.kill()
-        process.wait()
 
 
 @in_one_pass("torch", "the server's host code around Translator.search_ids, which every pass tests")

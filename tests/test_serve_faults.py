@@ -11,8 +11,7 @@ import urllib.parse
 import pytest
 from conftest import in_one_pass
 from process_runs import serving
-from translation_fixtures import model  # noqa: F401 (a fixture)
-from translation_fixtures import tokenizer  # noqa: F401 (a fixture)
+from translation_fixtures import served_dir  # noqa: F401 (a fixture)
 
 from keras_transformer.data.sentences import split_text
 from keras_transformer.decoding import Translator
@@ -20,12 +19,6 @@ from keras_transformer.decoding import Translator
 GOOD = {"q": ["the old man sees the dog .", "the cat ."], "source": "en", "target": "de"}
 
 
-@pytest.fixture
-def model_dir(model, tokenizer, tmp_path):  # noqa: F811 (fixtures)
-    directory = tmp_path / "en-de"
-    Translator(model, tokenizer, beam_size=2, max_extra_length=6, max_source_length=32,
-               batch_size=8, languages=("en", "de")).save(directory)
-    return str(directory)
 
 
 def post(url, body, content_type="application/json"):
@@ -67,8 +60,8 @@ FAULTS = [
 
 
 @in_one_pass("torch", "the server's host code around Translator.search_ids, which every pass tests")
-def test_a_thousand_faults_get_json_errors_and_leave_the_server_as_it_was(model_dir):
-    with serving("--model-dir", model_dir, "--no-warm-up", "--max-queue", 64, "--max-texts", 200) as (process, url):
+def test_a_thousand_faults_get_json_errors_and_leave_the_server_as_it_was(served_dir):
+    with serving("--model-dir", served_dir, "--no-warm-up", "--max-queue", 64, "--max-texts", 200) as (process, url):
         expected = post(url, json.dumps(GOOD).encode())
         assert expected[0] == 200
         for _ in range(20):  # the allocator's pools, filled by ordinary work first
@@ -90,7 +83,7 @@ def test_a_thousand_faults_get_json_errors_and_leave_the_server_as_it_was(model_
 
 
 @in_one_pass("torch", "the server's host code around Translator.search_ids, which every pass tests")
-def test_a_5000_word_document_keeps_its_paragraphs_and_lines_and_every_sentence(model_dir, tmp_path):
+def test_a_5000_word_document_keeps_its_paragraphs_and_lines_and_every_sentence(served_dir, tmp_path):
     """A document of paragraphs of sentences (some with line breaks inside)
     comes back with the same paragraphs and lines, and a translation for
     each of its sentences: nothing dropped, nothing merged."""
@@ -101,9 +94,9 @@ def test_a_5000_word_document_keeps_its_paragraphs_and_lines_and_every_sentence(
         paragraphs.append("\n".join(lines))
         words += sum(len(line.split()) for line in lines)
     document = "\n\n".join(paragraphs)
-    translator = Translator.load(model_dir)
+    translator = Translator.load(served_dir)
     translation = dict(zip(sentences, translator.translate(sentences)))
-    with serving("--model-dir", model_dir, "--no-warm-up", "--threads", 1) as (process, url):
+    with serving("--model-dir", served_dir, "--no-warm-up", "--threads", 1) as (process, url):
         status, answer, _ = post(url, json.dumps({"q": document, "source": "en", "target": "de"}).encode())
         assert len(os.sched_getaffinity(process.pid)) == 1  # --threads 1: one core computes
     assert status == 200 and "warnings" not in answer

@@ -89,3 +89,13 @@ def tokenizer(translation_tokenizer):
 @pytest.fixture
 def model(translation_model):
     return translation_model
+
+
+@pytest.fixture
+def served_dir(translation_model, translation_tokenizer, tmp_path):
+    """An en-de translator directory for `serve`'s tests: beam 2, short
+    outputs, sources of at most 32 tokens, batches of 8."""
+    directory = tmp_path / "en-de"
+    Translator(translation_model, translation_tokenizer, beam_size=2, max_extra_length=6, max_source_length=32,
+               batch_size=8, languages=("en", "de")).save(directory)
+    return str(directory)

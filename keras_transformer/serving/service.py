@@ -144,14 +144,15 @@ class Service:
         if n_best is not None and not (isinstance(n_best, int) and 1 <= n_best <= batcher.translator.beam_size):
             raise Refused(f"n_best must be an integer from 1 to the beam size, {batcher.translator.beam_size}. Received: {n_best!r}")
         translator = served.translator
-        # Splitting and tokenizing a long text takes a while: off the event loop.
-        layouts = await asyncio.to_thread(
-            lambda: [split_text(text, source, sentences=split_sentences) for text in texts]
-        )
-        sentences = [sentence for layout in layouts for sentence in layout.sentences]
-        if max_sentences is not None and len(sentences) > max_sentences:
-            raise Refused(f"The texts hold {len(sentences):,} sentences; this server takes at most {max_sentences:,} a request.")
-        tokenized = await asyncio.to_thread(translator.tokenizer.tokenize, sentences) if sentences else []
+        def split_and_tokenize():
+            layouts = [split_text(text, source, sentences=split_sentences) for text in texts]
+            sentences = [sentence for layout in layouts for sentence in layout.sentences]
+            if max_sentences is not None and len(sentences) > max_sentences:
+                raise Refused(f"The texts hold {len(sentences):,} sentences; this server takes at most {max_sentences:,} a request.")
+            return layouts, sentences, translator.tokenizer.tokenize(sentences) if sentences else []
+
+        # Splitting and tokenizing a long text takes a while: off the event loop, in one hop.
+        layouts, sentences, tokenized = await asyncio.to_thread(split_and_tokenize)
         sources, owners, split = sources_in_pieces(tokenized, translator.max_source_length - 1, translator.tokenizer.eos_id)
         text_of = [i for i, layout in enumerate(layouts) for _ in layout.sentences]
         warnings = [
