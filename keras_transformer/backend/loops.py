@@ -14,6 +14,7 @@ on 2 cores of an AMD EPYC). Everywhere else it is `keras.ops.while_loop`.
 """
 
 import collections
+import contextlib
 import functools
 import types
 import warnings
@@ -79,7 +80,7 @@ class TracedLoops:
             set under torch: 36 traces a pass, half the speed).
 
     A loop is recorded the second time it is met with the same key, and
-    runs eagerly the first time; while `record_at_once` is True (a warm-up,
+    runs eagerly the first time; inside `recording_at_once()` (a warm-up,
     which meets each shape to reuse it), the first time. `count` counts the
     functions recorded; `refused`, those the recorder refused; `eager`, the
     first meetings.
@@ -94,6 +95,15 @@ class TracedLoops:
         self.eager = 0
         self._traces = collections.OrderedDict()  # key -> (traced function or None, objects)
         self._met = collections.OrderedDict()  # key -> objects, for keys met once
+
+    @contextlib.contextmanager
+    def recording_at_once(self):
+        """Loops met inside are recorded at their first meeting."""
+        self.record_at_once = True
+        try:
+            yield
+        finally:
+            self.record_at_once = False
 
     def function(self, function, loop_vars):
         """`function(*loop_vars)` as a function of the flat loop variables

@@ -203,11 +203,8 @@ class Translator:
                     # The loop of each phase of the caches, recorded: decoded
                     # to the longest output, EOS never.
                     limits = np.full((count,), length - 1 + self.max_extra_length, "int32")
-                    loops.record_at_once = True
-                    try:
+                    with loops.recording_at_once():
                         self._search(source_ids, limits, -1)
-                    finally:
-                        loops.record_at_once = False
                 elif keras.backend.backend() != "torch":  # compiled whole for the shape: one step is enough
                     self._search(source_ids, np.ones((count,), "int32"), self.tokenizer.eos_id)
         return len(rows) * len(self.source_lengths), time.perf_counter() - start
