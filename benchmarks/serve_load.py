@@ -38,8 +38,9 @@ tokens.
 
 Clients are threads of the standard library, one keep-alive
 `http.client` connection each, `--concurrency` of them at a time, sending
-`--requests` requests per cell (after `--warm-up` untimed ones, one at a
-time): each a single sentence of Multi30k's test2016.en in file order
+`--requests` requests per cell, and at least `--rounds` per client (a cell
+at concurrency 32 is then 4 batches of ours, not mostly its ramp), after
+`--warm-up` untimed ones, one at a time: each a single sentence of Multi30k's test2016.en in file order
 (`POST /translate`, LibreTranslate's JSON). A cell stops at
 `--max-seconds`, reported as such, and the server's later cells are
 skipped. Reported for each server and concurrency: sentences per second
@@ -316,10 +317,15 @@ def load(port, sentences, concurrency, requests, max_seconds):
     return time.perf_counter() - start, results
 
 
+def cell_requests(args, concurrency):
+    """A cell's requests: `--requests`, and `--rounds` for each client."""
+    return max(args.requests, args.rounds * concurrency)
+
+
 def cell(port, sentences, concurrency, args, expected_tokens, batches_of):
     """One server at one concurrency: the row of the report."""
     before = batches_of(port)
-    wall, results = load(port, sentences, concurrency, args.requests, args.max_seconds)
+    wall, results = load(port, sentences, concurrency, cell_requests(args, concurrency), args.max_seconds)
     after = batches_of(port)
     answered = [(seconds, json.loads(body)) for seconds, status, body in filter(None, results) if status == 200]
     failures = [body.decode(errors="replace")[:200] for seconds, status, body in filter(None, results)
@@ -330,10 +336,10 @@ def cell(port, sentences, concurrency, args, expected_tokens, batches_of):
                      and "tokens" in (reply := json.loads(result[2]))
                      and (reply["source_tokens"], reply["tokens"]) != expected_tokens[i]]
     row = {
-        "concurrency": concurrency, "requests": args.requests, "answered": len(answered),
+        "concurrency": concurrency, "requests": len(results), "answered": len(answered),
         "unsent": results.count(None), "cut": sum(1 for result in results if result and result[1] == "cut"),
         "failures": len(failures), "first_failure": failures[0] if failures else None,
-        "timed_out": wall >= args.max_seconds and len(answered) < args.requests, "wall_seconds": wall,
+        "timed_out": wall >= args.max_seconds and len(answered) < len(results), "wall_seconds": wall,
         "sentences_per_second": len(answered) / wall, "wrong_lengths": len(wrong_lengths),
         "milliseconds": milliseconds,
     }
@@ -408,7 +414,7 @@ def ratios(servers):
 
 def print_report(results):
     print(f"\n{results['size']}'s size, {results['backend']}, {results['machine']}: {results['requests']} requests "
-          f"a cell, beam {results['settings']['beam_size']}, source pieces + {results['settings']['max_extra_length']} "
+          f"a cell and at least {results['rounds']} a client, beam {results['settings']['beam_size']}, source pieces + {results['settings']['max_extra_length']} "
           f"tokens each ({results['source_pieces']['min']} to {results['source_pieces']['max']} source pieces, "
           f"median {results['source_pieces']['median']:g})")
     print("| server | concurrency | sentences/s | p50 ms | p95 ms | p99 ms | p99/p50 | sentences a batch | note |")
@@ -544,6 +550,8 @@ def main():
     parser.add_argument("--servers", nargs="+", default=SERVERS, choices=SERVERS)
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 32])
     parser.add_argument("--requests", type=int, default=64, help="timed requests per cell")
+    parser.add_argument("--rounds", type=int, default=4, help="timed requests per client at least: a cell sends "
+                        "max(--requests, rounds x concurrency)")
     parser.add_argument("--warm-up", type=int, default=4, help="untimed requests, one at a time, before the cells")
     parser.add_argument("--max-seconds", type=float, default=600, help="a cell's time at most")
     parser.add_argument("--start-seconds", type=float, default=3600, help="a server's start-up (its warm-up) at most")
@@ -568,8 +576,8 @@ def main():
     args = parser.parse_args()
     if args.splitters:
         return compare_splitters(args)
-    if min(args.concurrency) < 1 or args.requests < 1 or args.warm_up < 0 or args.max_seconds <= 0:
-        parser.error("--concurrency and --requests must be >= 1, --warm-up >= 0, --max-seconds > 0")
+    if min(args.concurrency) < 1 or args.requests < 1 or args.rounds < 1 or args.warm_up < 0 or args.max_seconds <= 0:
+        parser.error("--concurrency and --requests and --rounds must be >= 1, --warm-up >= 0, --max-seconds > 0")
     for path in (args.sentences, args.train_source):
         if not os.path.isfile(path):
             parser.error(f"{path} is not a file; this tool reads Multi30k from ../shared/data")
@@ -590,7 +598,7 @@ def main():
         models = build_models(args.size, args.spm_vocab, work, args.train_source)
         settings = models["settings"]
         pieces = source_lengths(models, sentences)
-        used = [pieces[i % len(pieces)] for i in range(args.requests)]
+        used = [pieces[i % len(pieces)] for i in range(max(cell_requests(args, c) for c in args.concurrency))]
         expected_tokens = [(n, n + settings["max_extra_length"]) for n in used]
         check_ours_decodes_to_limit(models["translator"], sentences[0])
         print(f"models ready in {time.perf_counter() - began:.0f} s: {settings}", flush=True)
@@ -603,7 +611,7 @@ def main():
                                                           "encoder_ffn_dim", "encoder_attention_heads")},
             "settings": settings, "spm_vocab": args.spm_vocab, "sentences": os.path.abspath(args.sentences),
             "source_pieces": {"min": min(used), "median": float(np.median(used)), "max": max(used)},
-            "requests": args.requests, "warm_up": args.warm_up, "concurrency": args.concurrency,
+            "requests": args.requests, "rounds": args.rounds, "warm_up": args.warm_up, "concurrency": args.concurrency,
             "max_seconds": args.max_seconds, "ctranslate2_threads": args.threads, "servers": {},
         }
         for name in args.servers:

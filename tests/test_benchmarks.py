@@ -305,15 +305,15 @@ def test_serve_load_measures_each_server_at_each_concurrency_and_the_targets(tmp
     train.write_text("\n".join(builtin_corpus("train", size=2_000, seed=0).sources) + "\n", encoding="utf-8")
     sentences = tmp_path / "test.en"
     sentences.write_text("\n".join(builtin_corpus("test", size=10, seed=1).sources) + "\n", encoding="utf-8")
-    run_benchmark("serve_load.py", "--size", "tiny", "--requests", "3", "--concurrency", "1", "2", "--warm-up", "1",
+    run_benchmark("serve_load.py", "--size", "tiny", "--requests", "3", "--rounds", "2", "--concurrency", "1", "2", "--warm-up", "1",
                   "--no-warm-up", "--settle", "0", "--train-source", str(train), "--sentences", str(sentences),
                   "--spm-vocab", "100", "--json", str(out))
     report = json.loads(out.read_text())
     assert list(report["servers"]) == ["ours", "ours-unbatched", "ctranslate2"]
     for name, server in report["servers"].items():
         assert list(server["cells"]) == ["1", "2"], (name, server)
-        for row in server["cells"].values():
-            assert (row["answered"], row["failures"], row["wrong_lengths"]) == (3, 0, 0)
+        for row, requests in zip(server["cells"].values(), (3, 4)):  # --requests, then 2 rounds of 2 clients
+            assert (row["answered"], row["failures"], row["wrong_lengths"]) == (requests, 0, 0)
             assert row["p50_ms"] <= row["p99_ms"] and row["sentences_per_second"] > 0
     assert report["servers"]["ours-unbatched"]["cells"]["2"]["sentences_per_batch"] == 1.0
     assert set(report["ratios"]) == {"ours p99/p50, c=1"}  # no cell at concurrency 32: no throughput ratio
