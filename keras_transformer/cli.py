@@ -31,6 +31,7 @@ import warnings
 from keras_transformer.data.corpus import read_lines
 from keras_transformer.decoding.streaming import WINDOW_LINES
 from keras_transformer.files import CannotWrite
+from keras_transformer.files import check_writable
 from keras_transformer.files import write_atomically
 from keras_transformer.models.config import ModelConfig
 from keras_transformer.serving import command as serve_command
@@ -79,27 +80,16 @@ def _write_lines(lines, path):
         write_atomically(path, text)
 
 
-def _check_writable(path):
-    """Fails before any work if `path` cannot be written."""
-    if path in (None, "-"):
-        return
-    directory = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise ValueError(f"--output {path} is a directory; expected a file path.")
-    if not os.path.isdir(directory):
-        raise FileNotFoundError(f"--output {path}: the directory {directory} does not exist.")
-    if not os.access(directory, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        raise ValueError(f"--output {path} is not writable.")
-
-
 def translate(args):
     from keras_transformer.decoding import streaming
 
     shard = None if args.shard is None else streaming.parse_shard(args.shard)
     if shard is not None and args.input in (None, "-"):
         raise ValueError("--shard splits a file by its line count; give it with --input, not on stdin.")
-    _check_writable(args.output)
+    check_writable(args.output)
     translator = _load_translator(args)
+    if args.target_prefix:
+        translator = translator.with_search(target_prefix=translator.tokenizer.tokenize_target([args.target_prefix])[0])
     model_file = os.path.join(args.model_dir, "model.keras")
     # A rerun continues an interrupted output only with this same model.
     settings = dict(translator.get_config(), model=[os.path.realpath(model_file), os.stat(model_file).st_mtime_ns])
@@ -127,7 +117,7 @@ def _read_pairs(args, kind):
 def evaluate(args):
     import sacrebleu.metrics
 
-    _check_writable(args.output)
+    check_writable(args.output)
     sources, references = _read_pairs(args, "test set")
     translator = _load_translator(args)
     hypotheses = list(translator.translate_stream(sources))
@@ -163,7 +153,7 @@ def tune(args):
 def plot_attention(args):
     from keras_transformer.decoding import plot_cross_attention
 
-    _check_writable(args.output)
+    check_writable(args.output)
     translator = _load_translator(args)
     translation = plot_cross_attention(translator, args.text, args.output, layer=args.layer)
     print(translation)
@@ -357,7 +347,7 @@ def average(args):
             raise FileNotFoundError(f"No such checkpoint: {path}.")
     if not args.output.endswith(".keras"):
         raise ValueError(f"--output must name a .keras file; received {args.output}.")
-    _check_writable(args.output)
+    check_writable(args.output)
     model = average_checkpoints(args.checkpoints)
     with atomic_path(args.output) as temporary:
         model.save(temporary)
@@ -444,6 +434,7 @@ def main(argv=None):
     command.add_argument("--shard", metavar="I/N", help="translate only the I-th of N equal parts of --input (0/2, 1/2)")
     command.add_argument("--progress", action="store_true", help="lines, lines/s and time left on stderr (on a terminal: always)")
     command.add_argument("--split-sentences", action="store_true", help="translate each line sentence by sentence (a paragraph per line)")
+    command.add_argument("--target-prefix", metavar="TEXT", help="the words every translation begins with; the search goes on from them")
     command.set_defaults(run=translate)
 
     command = add_command("evaluate", help="BLEU and chrF of a test set, with sacrebleu")

@@ -77,3 +77,16 @@ def _sync(path):
 def _remove(path):
     with contextlib.suppress(FileNotFoundError):
         os.remove(path)
+
+
+def check_writable(path):
+    """Fails before any work if `path` cannot be written."""
+    if path in (None, "-"):
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ValueError(f"--output {path} is a directory; expected a file path.")
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"--output {path}: the directory {directory} does not exist.")
+    if not os.access(directory, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise ValueError(f"--output {path} is not writable.")

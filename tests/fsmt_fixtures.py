@@ -90,8 +90,8 @@ def fsmt_directory(directory, d_model=32, layers=2, heads=4, encoder_ffn=64, dec
         d_model=d_model, encoder_layers=layers, decoder_layers=layers, encoder_attention_heads=heads,
         decoder_attention_heads=heads, encoder_ffn_dim=encoder_ffn, decoder_ffn_dim=decoder_ffn,
         activation_function="gelu", max_position_embeddings=128, scale_embedding=True, tie_word_embeddings=False,
-        # Our search stops at its limit without forcing EOS there.
-        forced_eos_token_id=None, num_beams=4, length_penalty=1.0,
+        # As published FSMT configs: EOS forced at the length limit.
+        forced_eos_token_id=2, num_beams=4, length_penalty=1.0,
     )
     torch.manual_seed(seed)
     model = randomize(FSMTForConditionalGeneration(config).eval(), seed)

@@ -51,11 +51,13 @@ def randomize(model, seed=0):
 
 
 def marian_directory(directory, d_model=32, layers=2, heads=4, ffn=64, vocabulary=120, separate=False, seed=0,
-                     eos_bias=0.0):
+                     eos_bias=0.0, forced_eos=False):
     """A random `MarianMTModel` with its tokenizer (two SentencePiece models
     and vocab.json, or with `separate` a target_vocab.json too), saved into
-    `directory`, its EOS logit raised by `eos_bias` so that searches end.
-    Returns the model and transformers' tokenizer."""
+    `directory`, its EOS logit raised by `eos_bias` so that searches end,
+    and with `forced_eos` EOS forced at the length limit (as published
+    OPUS-MT configs set `forced_eos_token_id`). Returns the model and
+    transformers' tokenizer."""
     import torch
     from transformers import MarianConfig
     from transformers import MarianMTModel
@@ -95,7 +97,7 @@ def marian_directory(directory, d_model=32, layers=2, heads=4, ffn=64, vocabular
         vocab_size=len(vocab), decoder_vocab_size=len(vocab), d_model=d_model, encoder_layers=layers, decoder_layers=layers,
         encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn, decoder_ffn_dim=ffn,
         max_position_embeddings=128, activation_function="swish", scale_embedding=True,
-        pad_token_id=len(vocab) - 1, decoder_start_token_id=len(vocab) - 1, eos_token_id=0, forced_eos_token_id=None,
+        pad_token_id=len(vocab) - 1, decoder_start_token_id=len(vocab) - 1, eos_token_id=0, forced_eos_token_id=0 if forced_eos else None,
         share_encoder_decoder_embeddings=not separate, num_beams=4, length_penalty=1.0,
     )
     torch.manual_seed(seed)
@@ -105,3 +107,19 @@ def marian_directory(directory, d_model=32, layers=2, heads=4, ffn=64, vocabular
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return model, tokenizer
+
+
+def remove_tensors(directory, *names):
+    """Rewrites `directory/model.safetensors` without `names`, as some
+    published checkpoints are saved (transformers then loads those
+    tensors with their defaults)."""
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    path = os.path.join(directory, "model.safetensors")
+    with safe_open(path, framework="np") as file:
+        metadata = file.metadata()
+        found = set(file.keys())
+        tensors = {name: file.get_tensor(name) for name in found - set(names)}
+    assert set(names) <= found, f"{path} lacks {sorted(set(names) - found)} already"
+    save_file(tensors, path, metadata=metadata)

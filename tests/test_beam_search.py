@@ -486,3 +486,57 @@ def test_the_extensions_log_probabilities_are_the_scores_plus_a_log_softmax(rng,
     log_softmax = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
     expected = scores[:, :, None] + log_softmax.reshape(2, 3, 300)
     np.testing.assert_allclose(to_numpy(got), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_forced_prefix_begins_every_hypothesis_at_no_cost_and_the_search_takes_over():
+    """Each sentence's prefix is taken whatever its probability, adding 0 to
+    the log-probability (transformers' forced BOS), and counted in the
+    length; the best continuation is the enumeration's among sequences
+    that begin with it."""
+    prefixes = [[D, B], [C, A]]
+    ids, scores = beam_search(
+        markov_step(LENGTH_PENALTY_TABLE), ops.full((2,), BOS, dtype="int32"), dummy_state(2), beam_size=4,
+        alpha=0.6, max_length=6, eos_id=EOS, forced_ids=ops.array(prefixes, "int32"),
+    )
+    greedy_ids, greedy_scores = greedy_search(
+        markov_step(LENGTH_PENALTY_TABLE), ops.full((2,), BOS, dtype="int32"), dummy_state(2), max_length=6,
+        eos_id=EOS, forced_ids=ops.array(prefixes, "int32"),
+    )
+    ids, scores, greedy_ids, greedy_scores = map(to_numpy, (ids, scores, greedy_ids, greedy_scores))
+    for row, prefix in enumerate(prefixes):
+        def cost(sequence):  # log P of the tokens after the prefix
+            path = [BOS] + sequence
+            return sum(LENGTH_PENALTY_TABLE[a, b] for a, b in list(zip(path, path[1:]))[len(prefix):])
+
+        candidates = sorted(
+            ((cost(hypothesis) / ((5 + len(hypothesis)) / 6) ** 0.6, hypothesis)
+             for hypothesis, _ in enumerate_hypotheses(LENGTH_PENALTY_TABLE, 6, 0.0)
+             if hypothesis[: len(prefix)] == prefix),
+            key=lambda pair: -pair[0],
+        )
+        assert decoded(ids[row, 0]) == candidates[0][1]
+        np.testing.assert_allclose(scores[row, 0], candidates[0][0], rtol=1e-5)
+        # Greedy: the prefix, then the likeliest token after each.
+        greedy = decoded(greedy_ids[row])
+        assert greedy[: len(prefix)] == prefix
+        for last, token in zip(greedy[len(prefix) - 1:], greedy[len(prefix):]):
+            assert token == int(np.argmax(LENGTH_PENALTY_TABLE[last]))
+        np.testing.assert_allclose(greedy_scores[row], cost(greedy), rtol=1e-5)
+
+
+def test_forced_eos_ends_each_sentence_at_its_own_limit():
+    table = markov_table({t: {EOS: 1e-12, C: 0.9} for t in range(V)})  # EOS never wins
+    limits = ops.array([3, 6], "int32")
+    ids, scores = beam_search(
+        markov_step(table), ops.full((2,), BOS, dtype="int32"), dummy_state(2), beam_size=2, alpha=0.0,
+        max_length=6, eos_id=EOS, sentence_max_length=limits, force_eos=True,
+    )
+    greedy_ids, greedy_scores = greedy_search(
+        markov_step(table), ops.full((2,), BOS, dtype="int32"), dummy_state(2), max_length=6, eos_id=EOS,
+        sentence_max_length=limits, force_eos=True,
+    )
+    for found, found_scores in ((to_numpy(ids)[:, 0], to_numpy(scores)[:, 0]), (to_numpy(greedy_ids), to_numpy(greedy_scores))):
+        np.testing.assert_array_equal(found[0], [C, C, EOS, 0, 0, 0])
+        np.testing.assert_array_equal(found[1], [C] * 5 + [EOS])
+        # EOS, forced, costs nothing: the C's alone.
+        np.testing.assert_allclose(found_scores, [2 * table[C, C], 5 * table[C, C]], rtol=1e-5)

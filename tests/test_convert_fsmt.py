@@ -100,8 +100,8 @@ def test_position_table_equals_fairseq_sinusoids(published, converted):
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_searches_equal_generate(converted, beam_size):
     """Greedy and beam search give transformers' ids and scores, with the
-    checkpoint's length penalty and our per-sentence limit, hypotheses cut
-    at the limit ranked with the finished ones as transformers ranks them."""
+    checkpoint's length penalty, our per-sentence limit and EOS forced
+    there (the config's `forced_eos_token_id`)."""
     model, tokenizer, _, output = converted
     translator = Translator.load(output, beam_size=beam_size, max_extra_length=MAX_EXTRA_LENGTH)
     found = translator.search(SENTENCES)
@@ -121,10 +121,12 @@ def test_searches_equal_generate(converted, beam_size):
         ours = ours[: ours.index(EOS) + 1] if EOS in ours else ours[:limit]
         their_score = generated.sequences_scores[0].item() if beam_size > 1 else None
         assert ours == theirs, f"sentence {i}: ours {ours}, transformers' {theirs}"
-        ended += theirs[-1] == EOS
+        assert theirs[-1] == EOS  # forced at the limit, if not before
+        ended += len(theirs) < limit
         if beam_size > 1:
             np.testing.assert_allclose(scores[0], their_score, atol=1e-4)
-    assert ended >= 1  # equal searches that end, not only run to their limit
+    assert translator.force_eos  # the config's forced_eos_token_id
+    assert ended >= 1 or beam_size > 1  # greedy: searches that end before their limit, not only there
 
 
 def test_tokenizer_equals_fsmt_tokenizer(converted):
@@ -225,7 +227,7 @@ def test_bad_checkpoints_say_what_was_found(published, tmp_path):
     checkpoint = torch.load(fairseq / "model.pt", weights_only=False)
     for change, match in (
         ({"encoder_normalize_before": True}, r"encoder_normalize_before=True \(pre-LN blocks\) is not supported"),
-        ({"activation_fn": "tanh"}, r"activation_fn='tanh'. Supported: \['gelu', 'relu', 'swish'\]"),
+        ({"activation_fn": "tanh"}, r"activation_fn\) uses the activation 'tanh'. Supported: \['gelu', 'relu', 'silu', 'swish'\]"),
     ):
         edited = dict(checkpoint, args=type(checkpoint["args"])(**(vars(checkpoint["args"]) | change)))
         torch.save(edited, fairseq / "model.pt")

@@ -11,6 +11,7 @@ import pytest
 from conftest import in_one_pass
 from published_fixtures import SENTENCES
 from published_fixtures import marian_directory
+from published_fixtures import remove_tensors
 
 torch = pytest.importorskip("torch")
 
@@ -59,10 +60,16 @@ def test_teacher_forced_logits_equal_transformers(converted):
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_searches_equal_generate(converted, beam_size):
     model, tokenizer, translator, _ = converted
-    translator = translator.with_search(beam_size=beam_size)
+    assert _searches_equal_generate(model, tokenizer, translator, beam_size) >= 2  # they end, not only run to their limit
+
+
+def _searches_equal_generate(model, tokenizer, translator, beam_size, **generate):
+    """Asserts that our search gives `generate`'s best ids (and score) for
+    each sentence, with `generate`'s other arguments; returns how many of
+    transformers' ended with EOS."""
     translator = Translator(
         translator.model, translator.tokenizer, beam_size=beam_size, alpha=1.0, length_penalty="power",
-        max_extra_length=MAX_EXTRA_LENGTH,
+        max_extra_length=MAX_EXTRA_LENGTH, target_prefix=translator.target_prefix, force_eos=translator.force_eos,
     )
     found = translator.search(SENTENCES)
     ended = 0
@@ -73,7 +80,7 @@ def test_searches_equal_generate(converted, beam_size):
             output = model.generate(
                 **tokenizer([sentence], return_tensors="pt"), num_beams=beam_size, do_sample=False,
                 max_new_tokens=limit, length_penalty=1.0, early_stopping="never" if beam_size > 1 else False,
-                output_scores=True, return_dict_in_generate=True,
+                output_scores=True, return_dict_in_generate=True, **generate,
             )
         eos = model.config.eos_token_id
         theirs = output.sequences[0, 1:].tolist()
@@ -84,7 +91,52 @@ def test_searches_equal_generate(converted, beam_size):
         ended += theirs[-1] == eos
         if beam_size > 1:
             np.testing.assert_allclose(scores[0], output.sequences_scores[0].item(), atol=1e-4)
-    assert ended >= 2  # the searches end, not only run to their limit
+    return ended
+
+
+def test_forced_eos_and_a_forced_first_token_search_as_transformers(tmp_path):
+    """A config's `forced_eos_token_id` ends every output at its limit, as
+    `generate` does; a target prefix of one token is `generate`'s
+    `forced_bos_token_id`."""
+    model, tokenizer = marian_directory(tmp_path / "hf", layers=1, forced_eos=True)
+    translator = convert(tmp_path / "hf", tmp_path / "ours")
+    assert translator.force_eos and Translator.load(tmp_path / "ours").force_eos
+    for beam_size in (1, 4):
+        _searches_equal_generate(model, tokenizer, translator, beam_size)
+    found = Translator(translator.model, translator.tokenizer, beam_size=1, max_extra_length=MAX_EXTRA_LENGTH,
+                       force_eos=True).search(SENTENCES)
+    # The last token each output may have, where it has one.
+    last = [ids[0][len(source) - 2 + MAX_EXTRA_LENGTH] for source, ids, _ in found.values()]
+    ends = [token for token in last if token]
+    assert ends and set(ends) == {translator.tokenizer.eos_id}  # some ran to the limit, and end there with EOS
+    first = 5  # a published id, forced after decoding's start
+    prefixed = translator.with_search(target_prefix=translator.tokenizer.id_map.to_ours([first]))
+    for beam_size in (1, 4):
+        _searches_equal_generate(model, tokenizer, prefixed, beam_size, forced_bos_token_id=first)
+    assert all(ids[0][0] == prefixed.target_prefix[0] for _, ids, _ in prefixed.search(SENTENCES).values())
+
+
+def test_a_checkpoint_without_final_logits_bias_translates_as_transformers(tmp_path):
+    """Published files saved without `final_logits_bias` load in
+    transformers with a zero bias; converted, they once translated every
+    sentence to the empty string."""
+    from transformers import MarianMTModel
+
+    _, tokenizer = marian_directory(tmp_path / "hf", layers=1)
+    remove_tensors(tmp_path / "hf", "final_logits_bias")
+    model = MarianMTModel.from_pretrained(tmp_path / "hf").eval()
+    assert not model.final_logits_bias.any()
+    translator = convert(tmp_path / "hf", tmp_path / "ours")
+    target_ids = [[model.config.decoder_start_token_id, 5, 9, 14, 7]] * len(SENTENCES)
+    batch = tokenizer(SENTENCES, return_tensors="np", padding=True)
+    source_ids = np.where(batch["attention_mask"] == 1, batch["input_ids"], model.config.pad_token_id)
+    with torch.no_grad():
+        theirs = model(input_ids=torch.tensor(source_ids), attention_mask=torch.tensor(batch["attention_mask"]),
+                       decoder_input_ids=torch.tensor(target_ids), use_cache=False).logits.numpy()
+    np.testing.assert_allclose(_published_logits(translator, source_ids, target_ids), theirs, atol=1e-5, rtol=0)
+    for beam_size in (1, 4):
+        _searches_equal_generate(model, tokenizer, translator, beam_size)
+    assert all(translator.translate(SENTENCES))  # none empty
 
 
 def test_tokenizer_equals_marian_tokenizer(converted):
@@ -100,6 +152,24 @@ def test_tokenizer_equals_marian_tokenizer(converted):
     for row in targets:
         expected = tokenizer.decode(row, skip_special_tokens=True)
         assert ours.detokenize(ours.id_map.to_ours(row)) == expected
+
+
+@pytest.mark.parametrize("converted", ["separate"], indirect=True)
+def test_the_tokenizer_round_trips_and_its_fingerprint_covers_its_files_and_ids(converted, tmp_path):
+    from keras_transformer.data.id_map import IdMap
+    from keras_transformer.data.marian_tokenizer import MarianTokenizer
+
+    ours = converted[2].tokenizer
+    ours.save(tmp_path / "saved")
+    loaded = MarianTokenizer.load(tmp_path / "saved")
+    assert loaded.fingerprint() == ours.fingerprint() and loaded.tokenize(SENTENCES) == ours.tokenize(SENTENCES)
+    special = dict(ours.id_map.special, unknown=5)  # another numbering of the same files
+    assert MarianTokenizer(ours.files, IdMap(ours.id_map.size, **special)).fingerprint() != ours.fingerprint()
+    shared = {name: content for name, content in ours.files.items() if name != "target_vocab.json"}
+    assert MarianTokenizer(shared, ours.id_map).fingerprint() != ours.fingerprint()
+    os.remove(tmp_path / "saved" / "target.spm")  # a required file: the same error as every converted tokenizer's
+    with pytest.raises(FileNotFoundError, match="No target.spm in .*saved. Expected \\['source.spm', 'target.spm'"):
+        MarianTokenizer.load(tmp_path / "saved")
 
 
 @pytest.mark.parametrize("converted", ["shared"], indirect=True)

@@ -313,6 +313,18 @@ def test_the_export_command_writes_a_saved_model_that_translates(translator, tmp
     assert serve(tf.saved_model.load(str(tmp_path / "export")), SENTENCES[:2])[0] == greedy.translate(SENTENCES[:2])
 
 
+@in_one_pass("tensorflow", "the search's forced tokens in the export's graph, which is TensorFlow's under every backend")
+def test_the_export_keeps_the_target_prefix_and_forced_eos(translator, tmp_path):
+    prefix = translator.tokenizer.tokenize_target(["Die Frau"])[0]
+    forced = kt.Translator(translator.model, translator.tokenizer, **{**SETTINGS, "beam_size": 2},
+                           target_prefix=prefix, force_eos=True)
+    served = tf.saved_model.load(export_saved_model(forced, tmp_path / "1", MAX_REQUEST_TOKENS))
+    texts = SENTENCES[:2] + SENTENCES[3:5]
+    expected = forced.translate(texts)
+    assert serve(served, texts)[0] == expected
+    assert all(text.startswith("Die Frau") for text in expected) and expected != translator.translate(texts)
+
+
 @in_one_pass("tensorflow", "version folders; each backend's export is tested in every pass")
 def test_exports_go_to_new_versions_in_tf_serving_layout(translator, tmp_path, capsys):
     model_dir = tmp_path / "translator"

@@ -308,3 +308,39 @@ def test_a_batch_waits_for_as_many_sentences_as_the_last_from_when_the_decoder_i
     batches, full, alone, again = asyncio.run(scenario())
     assert batches == [[1, 1], [2, 3], [4, 5, 6], [7], [8]]
     assert full < 0.3 + 0.15 and again < 0.3 + 0.15 < alone
+
+
+def test_a_burst_of_clients_shares_one_batch_though_the_last_batch_was_one_sentence():
+    """Clients that start together send within milliseconds of each other:
+    after a batch of one, the sentences that keep arriving within the gap
+    join the first, and one after a pause goes to the next batch."""
+    import asyncio
+
+    from keras_transformer.serving.batcher import Batcher
+
+    class Slow:
+        batch_size = 8
+
+        def __init__(self):
+            self.batches = []
+
+        def search_ids(self, sources):
+            self.batches.append([ids[0] for ids in sources])
+            time.sleep(0.2)
+            return [([ids], [0.0]) for ids in sources]
+
+    async def scenario():
+        translator = Slow()
+        batcher = Batcher(translator, max_wait=1.0, burst_gap=0.1)
+        batcher.start()
+        await batcher.search([[1, 3]])  # a batch of one
+        burst = []
+        for token in (2, 3, 4, 5):
+            burst.append(asyncio.ensure_future(batcher.search([[token, 3]])))
+            await asyncio.sleep(0.02)  # within the gap of the one before
+        await asyncio.sleep(0.3)  # a pause past the gap: the batch has started
+        await asyncio.gather(batcher.search([[6, 3]]), *burst)
+        await batcher.stop()
+        return translator.batches
+
+    assert asyncio.run(scenario()) == [[1], [2, 3, 4, 5], [6]]

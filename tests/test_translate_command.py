@@ -30,6 +30,24 @@ def test_cli_translates_a_file_line_by_line(model_dir, tmp_path, capsys):
     assert lines[:-1] == expected
 
 
+def test_cli_target_prefix_begins_every_translation_and_the_search_goes_on(model_dir, tmp_path):
+    source = tmp_path / "input.en"
+    source.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
+    output = tmp_path / "output.de"
+    cli.main(["translate", "--model-dir", str(model_dir), "--input", str(source), "--output", str(output),
+              "--target-prefix", "Die Frau"])
+    lines = output.read_text(encoding="utf-8").splitlines()
+    translator = Translator.load(model_dir)
+    prefix = translator.tokenizer.tokenize_target(["Die Frau"])[0]
+    expected = translator.with_search(target_prefix=prefix).translate(SENTENCES)
+    assert lines == expected == translator.translate(SENTENCES, target_prefix="Die Frau")
+    assert all(line.startswith("Die Frau") for line, text in zip(lines, SENTENCES) if text.strip())
+    assert expected != translator.translate(SENTENCES)
+    with pytest.raises(SystemExit, match=r"^error: target_prefix must be a list of fewer than max_extra_length=6 token"):
+        cli.main(["translate", "--model-dir", str(model_dir), "--input", str(source), "--target-prefix",
+                  "Die Frau sieht den alten Mann und den Hund"])
+
+
 def test_cli_evaluate_prints_bleu_chrf_and_signatures(model_dir, tmp_path, capsys):
     import sacrebleu
 

@@ -4,9 +4,11 @@
 
 writes a translator directory, as `train` does, that `translate`,
 `evaluate`, `tune`, `export`, `train --init-from` and `Translator.load`
-use under every backend. One module per family holds its config, weights
-and tokenizer: `marian` (OPUS-MT), `fsmt` (fairseq's WMT19 models in
-transformers' layout) and `fairseq` (fairseq's own checkpoints).
+use under every backend. One module per family reads its config, weights
+and tokenizer into a `pipeline.Conversion`: `marian` (OPUS-MT), `fsmt`
+(fairseq's WMT19 models in transformers' layout) and `fairseq` (fairseq's
+own checkpoints), the last two through `fairseq_transformer`;
+`pipeline.build` makes, checks and saves every translator alike.
 """
 
 import importlib
@@ -16,6 +18,7 @@ import re
 from keras_transformer.backend import layouts
 from keras_transformer.convert.checkpoint import ConversionError
 from keras_transformer.convert.checkpoint import output_directory
+from keras_transformer.convert.pipeline import build
 from keras_transformer.data.corpus import read_json_object
 
 __all__ = ["ConversionError", "convert", "families"]
@@ -99,5 +102,4 @@ def convert(source, output, dtype=None):
     family = family_of(directory)
     # Its kernels lie in memory as Translator.load lays them (backend/layouts.py).
     with output_directory(output) as temporary, layouts.linear_order():
-        translator = family.convert(directory, temporary, dtype=dtype)
-    return translator
+        return build(family.read(directory), temporary, dtype)

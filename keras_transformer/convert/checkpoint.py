@@ -1,6 +1,7 @@
-"""What every converter shares: reading a checkpoint's tensors as NumPy,
-placing torch's `Linear` and `LayerNorm` weights in our layers, and
-writing the translator so that a failed conversion leaves nothing."""
+"""What every converter reads and checks: a checkpoint's config and
+tensors as NumPy, the options our model shares with BART-like models, the
+search, and a translator directory that a failed conversion leaves
+empty."""
 
 import contextlib
 import json
@@ -12,22 +13,8 @@ import numpy as np
 
 from keras_transformer.data.corpus import read_json_object
 
-# The logit of a row our vocabulary has and the published one lacks (our
-# BOS where it copies another row; the smaller side's missing rows): e^-50
-# of the others' probability, below float32's resolution of their sum.
-ABSENT_LOGIT = -50.0
-
-
-# transformers' names of the activations a `ModelConfig` has.
+# transformers' and fairseq's names of the activations a `ModelConfig` has.
 ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"}
-# The names of a post-LN block's sublayers in transformers' BART-like models
-# (Marian, FSMT), by ours.
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "out_proj")
-ENCODER_SUBLAYERS = {
-    "self_attention": "self_attn", "self_attention_norm": "self_attn_layer_norm",
-    "inner_dense": "fc1", "outer_dense": "fc2", "feed_forward_norm": "final_layer_norm", "projections": PROJECTIONS,
-}
-DECODER_SUBLAYERS = ENCODER_SUBLAYERS | {"cross_attention": "encoder_attn", "cross_attention_norm": "encoder_attn_layer_norm"}
 
 
 class ConversionError(ValueError):
@@ -68,16 +55,24 @@ def stack_fields(config, source, default_activation):
 
 
 def search_settings(directory, config):
-    """The checkpoint's own search: its beam and length penalty."""
+    """The checkpoint's own search: its beam, its length penalty, and EOS
+    forced at the length limit (`forced_eos_token_id`)."""
     generation = dict(config)
     path = os.path.join(directory, "generation_config.json")
     if os.path.isfile(path):
         with open(path, encoding="utf-8") as file:
             generation |= json.load(file)
+    forced_eos = generation.get("forced_eos_token_id")
+    if forced_eos is not None and forced_eos != generation.get("eos_token_id", forced_eos):
+        raise ConversionError(
+            f"{directory}: forced_eos_token_id={forced_eos!r} is not eos_token_id={generation['eos_token_id']!r}; "
+            "only EOS can be forced at the length limit."
+        )
     return {
         "beam_size": int(generation.get("num_beams") or 4),
         "alpha": float(generation.get("length_penalty", 1.0)),
         "length_penalty": "power",
+        "force_eos": forced_eos is not None,
     }
 
 
@@ -109,21 +104,28 @@ def read_tensors(directory):
     return Tensors({name: np.asarray(value, np.float32) for name, value in tensors.items()}, directory)
 
 
-def read_torch_file(path, key=None):
-    """A torch checkpoint's tensors as NumPy (torch is needed for `.pt` and
-    `.bin` files alone), from `checkpoint[key]` when given."""
+def load_torch(path, safe_classes=(), expected="a dictionary of tensors"):
+    """A torch checkpoint as saved, with nothing unpickled but tensors,
+    containers and `safe_classes` (torch is needed for `.pt` and `.bin`
+    files alone)."""
     try:
         import torch
     except ImportError:
         raise ConversionError(f"Reading {path} needs torch. Install it, or convert from model.safetensors.") from None
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        with torch.serialization.safe_globals(list(safe_classes)):
+            return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # noqa: BLE001 - any unreadable file
-        raise ConversionError(f"{path} cannot be read as a torch checkpoint ({str(error).splitlines()[0]}).") from None
-    if key is not None:
-        checkpoint = checkpoint.get(key) if isinstance(checkpoint, dict) else None
-        if not isinstance(checkpoint, dict):
-            raise ConversionError(f"{path} has no {key!r} dictionary of tensors.")
+        raise ConversionError(
+            f"{path} cannot be read as a torch checkpoint ({str(error).splitlines()[0]}). Expected {expected}."
+        ) from None
+
+
+def read_torch_file(path):
+    """A torch checkpoint's tensors as float32 NumPy arrays, by name."""
+    checkpoint = load_torch(path)
+    if not isinstance(checkpoint, dict):
+        raise ConversionError(f"{path} holds a {type(checkpoint).__name__}; expected a dictionary of tensors.")
     return {name: value.float().numpy() for name, value in checkpoint.items() if hasattr(value, "numpy")}
 
 
@@ -150,62 +152,6 @@ class Tensors:
     def linear(self, prefix):
         """torch's `Linear` at `prefix`: `(W^T [in, out], b [out])`."""
         return self.first(f"{prefix}.weight").T, self.first(f"{prefix}.bias")
-
-
-def attention_weights(ours, tensors, prefix, names, num_heads):
-    """A multi-head attention's four projections, from torch's `Linear`s
-    `prefix.{q,k,v,out}` (named by `names`), into `ours/...`."""
-    weights = {}
-    for our_name, their_name in zip(("query", "key", "value"), names[:3]):
-        kernel, bias = tensors.linear(f"{prefix}.{their_name}")
-        d_model, width = kernel.shape
-        weights[f"{ours}/{our_name}/kernel"] = kernel.reshape(d_model, num_heads, width // num_heads)
-        weights[f"{ours}/{our_name}/bias"] = bias.reshape(num_heads, width // num_heads)
-    kernel, bias = tensors.linear(f"{prefix}.{names[3]}")
-    width, d_model = kernel.shape
-    weights[f"{ours}/attention_output/kernel"] = kernel.reshape(num_heads, width // num_heads, d_model)
-    weights[f"{ours}/attention_output/bias"] = bias
-    return weights
-
-
-def block_weights(ours, tensors, prefix, sublayers, num_heads):
-    """A post-LN block's weights. `sublayers` maps our sublayer names
-    (self_attention, cross_attention, their norms, inner_dense,
-    outer_dense, feed_forward_norm) to the checkpoint's."""
-    weights = {}
-    for attention in ("self_attention", "cross_attention"):
-        if attention in sublayers:
-            weights |= attention_weights(
-                f"{ours}/{attention}", tensors, f"{prefix}.{sublayers[attention]}", sublayers["projections"], num_heads
-            )
-    for dense in ("inner_dense", "outer_dense"):
-        kernel, bias = tensors.linear(f"{prefix}.{sublayers[dense]}")
-        weights[f"{ours}/feed_forward/{dense}/kernel"] = kernel
-        weights[f"{ours}/feed_forward/{dense}/bias"] = bias
-    for norm in ("self_attention_norm", "cross_attention_norm", "feed_forward_norm"):
-        if norm in sublayers:
-            weights[f"{ours}/{norm}/gamma"] = tensors.first(f"{prefix}.{sublayers[norm]}.weight")
-            weights[f"{ours}/{norm}/beta"] = tensors.first(f"{prefix}.{sublayers[norm]}.bias")
-    return weights
-
-
-def assign(model, weights, source):
-    """Sets every weight of `model` from `weights` (by variable path),
-    checking that each exists with our shape and none is left over."""
-    variables = {variable.path: variable for variable in model.weights}
-    missing = sorted(set(variables) - set(weights))
-    if missing:
-        raise ConversionError(f"Converting {source} gave no value for {missing[0]} ({len(missing)} missing).")
-    unused = sorted(set(weights) - set(variables))
-    if unused:
-        raise ConversionError(f"Converting {source} gave {unused[0]}, which the model does not have.")
-    for path, variable in variables.items():
-        value = np.asarray(weights[path])
-        if tuple(value.shape) != tuple(variable.shape):
-            raise ConversionError(
-                f"{source}: the tensor for {path} has shape {tuple(value.shape)}; expected {tuple(variable.shape)}."
-            )
-        variable.assign(value.astype(variable.dtype))
 
 
 def sinusoids_in_halves(length, d_model, inverse_frequencies, first_position=0):

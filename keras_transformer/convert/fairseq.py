@@ -4,8 +4,7 @@
 `model.pt` holds the weights (`checkpoint["model"]`) and the architecture
 (`checkpoint["args"]`, or `checkpoint["cfg"]["model"]` since fairseq
 0.10) of fairseq's `transformer`: the model transformers ported as FSMT,
-so the checkpoint is read into FSMT's names and converted as FSMT is
-(`keras_transformer.convert.fsmt`). Older checkpoints keep a layer's
+so the checkpoint is read into FSMT's names (`fairseq_transformer`). Older checkpoints keep a layer's
 query, key and value projections in one `in_proj_weight` and an encoder
 block's norms as `layer_norms.0` and `.1`; both are read. A dictionary
 numbers its pieces after the implicit <s>, <pad>, </s>, <unk> (ids 0 to
@@ -19,15 +18,17 @@ import os
 
 import numpy as np
 
-from keras_transformer.convert import fsmt
+from keras_transformer.convert import fairseq_transformer
 from keras_transformer.convert.checkpoint import ConversionError
 from keras_transformer.convert.checkpoint import Tensors
+from keras_transformer.convert.checkpoint import activation
+from keras_transformer.convert.checkpoint import load_torch
+from keras_transformer.convert.pipeline import Conversion
 from keras_transformer.data.languages import pair_or_none
 from keras_transformer.data.moses_bpe import END_OF_WORD
 from keras_transformer.data.moses_bpe import SPECIAL_TOKENS
 from keras_transformer.data.moses_bpe import MosesBpeTokenizer
 
-ACTIVATIONS = ("gelu", "relu", "swish")
 # Options of fairseq's `transformer` that our blocks do not have, with the
 # value they must keep.
 UNSUPPORTED = {
@@ -55,19 +56,9 @@ UNSUPPORTED_TENSORS = (
 def read_checkpoint(path):
     """`model.pt` as saved: tensors, dicts and (old checkpoints')
     `argparse.Namespace`, nothing else unpickled."""
-    try:
-        import torch
-    except ImportError:
-        raise ConversionError(f"Reading {path} needs torch. Install it (pip install torch).") from None
-    try:
-        with torch.serialization.safe_globals([argparse.Namespace]):
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # noqa: BLE001 - any unreadable file
-        raise ConversionError(
-            f"{path} cannot be read as a checkpoint of tensors and settings ({str(error).splitlines()[0]}). "
-            'Expected {"model": state dict, "args" or "cfg": ...}; a training checkpoint may hold other '
-            "objects: keep those two keys."
-        ) from None
+    return load_torch(path, safe_classes=[argparse.Namespace], expected=(
+        '{"model": state dict, "args" or "cfg": ...}; a training checkpoint may hold other objects: keep those '
+        "two keys"))
 
 
 def architecture(checkpoint, path):
@@ -95,9 +86,7 @@ def check_architecture(args, tensors, path):
     found = [name for name in UNSUPPORTED_TENSORS if name in tensors]
     if found:
         raise ConversionError(f"{path} has the tensor {found[0]!r}, which fairseq's post-LN transformer lacks.")
-    name = args.get("activation_fn", "relu")
-    if name not in ACTIVATIONS:
-        raise ConversionError(f"{path} uses activation_fn={name!r}. Supported: {list(ACTIVATIONS)}.")
+    activation(args.get("activation_fn", "relu"), f"{path} (activation_fn)")
     for option, supported in (("bpe", ("subword_nmt", "fastbpe")), ("tokenizer", ("moses",))):
         if args.get(option) not in (None,) + supported:
             raise ConversionError(
@@ -205,9 +194,8 @@ def read_merges(path):
     return ("\n".join(merges) + "\n").encode("utf-8")
 
 
-def convert(directory, output, dtype=None):
-    """Writes the translator of the fairseq checkpoint in `directory` into
-    the (temporary) directory `output`; returns our `Translator`."""
+def read(directory):
+    """The fairseq checkpoint in `directory`, as a `Conversion`."""
     path = os.path.join(os.path.abspath(directory), "model.pt")
     checkpoint = read_checkpoint(path)
     if not isinstance(checkpoint, dict):
@@ -216,9 +204,9 @@ def convert(directory, output, dtype=None):
     state = upgraded(checkpoint["model"])
     check_architecture(args, state, path)
     config, tensors = fsmt_layout(args, state, path)
-    model_fields = fsmt.model_config(config, path)
-    ids = fsmt.id_map(config)
-    found, shared = fsmt.weights(config, tensors, ids)
+    model = fairseq_transformer.model_config(config, path)
+    ids = fairseq_transformer.id_map(config)
+    weights, sharing = fairseq_transformer.weights(config, tensors, ids)
     languages = args.get("source_lang"), args.get("target_lang")
     if None in languages:
         raise ConversionError(f"{path} names no source_lang and target_lang; expected the language pair.")
@@ -234,8 +222,7 @@ def convert(directory, output, dtype=None):
         raise ConversionError(f"{directory} has no bpecodes. Expected the BPE codes beside model.pt.")
     files["merges.txt"] = read_merges(codes[0])
     tokenizer = MosesBpeTokenizer(files, ids, *languages)
+    # fairseq's generator, too, ends a hypothesis with EOS at the length limit.
     settings = {"beam_size": int(args["beam"]), "alpha": float(args["lenpen"]), "length_penalty": "power",
-                "languages": pair_or_none(*languages)}
-    translator = fsmt.build_translator(model_fields, found, shared, ids, tokenizer, settings, dtype, path)
-    translator.save(output)
-    return translator
+                "force_eos": True, "languages": pair_or_none(*languages)}
+    return Conversion(model, weights, sharing, tokenizer, settings, path)

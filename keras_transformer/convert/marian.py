@@ -13,22 +13,23 @@ import os
 
 import numpy as np
 
-from keras_transformer.convert.checkpoint import ABSENT_LOGIT
-from keras_transformer.convert.checkpoint import DECODER_SUBLAYERS
-from keras_transformer.convert.checkpoint import ENCODER_SUBLAYERS
 from keras_transformer.convert.checkpoint import ConversionError
-from keras_transformer.convert.checkpoint import assign
-from keras_transformer.convert.checkpoint import block_weights
+from keras_transformer.convert.checkpoint import read_config
 from keras_transformer.convert.checkpoint import read_tensors
 from keras_transformer.convert.checkpoint import search_settings
 from keras_transformer.convert.checkpoint import sinusoids_in_halves
 from keras_transformer.convert.checkpoint import stack_fields
+from keras_transformer.convert.pipeline import Conversion
+from keras_transformer.convert.pipeline import logits_bias
+from keras_transformer.convert.pipeline import stack_weights
 from keras_transformer.data.corpus import read_json_object
 from keras_transformer.data.id_map import IdMap
 from keras_transformer.data.languages import pair_or_none
 from keras_transformer.data.marian_tokenizer import MarianTokenizer
 
 MODEL_TYPE = "marian"
+
+
 def model_config(config, source):
     """Our `ModelConfig` fields for a `MarianConfig` (a dict)."""
     for name, expected in (("normalize_before", False), ("add_final_layer_norm", False), ("scale_embedding", True),
@@ -61,19 +62,27 @@ def weights(config, tensors, ids, shared):
         }
         if "lm_head.weight" in tensors and not np.array_equal(tensors.first("lm_head.weight"), target):
             raise ConversionError(f"{tensors.source}: lm_head.weight is not the decoder's embedding; expected them tied.")
-    bias = tensors.first("final_logits_bias").reshape(-1) if "final_logits_bias" in tensors else np.zeros(1, np.float32)
-    logits_bias = ids.rows(bias, fill=ABSENT_LOGIT)
-    if ids.start_is_copy:  # our BOS, a copy of Marian's padding row
-        logits_bias[2] = logits_bias[0] + ABSENT_LOGIT
-    found["logits_bias/bias"] = logits_bias
+    found["logits_bias/bias"] = logits_bias(ids, logits_bias_of(config, tensors))
     d_model = config["d_model"]
     inverse_frequencies = 10000.0 ** (-2.0 * np.arange((d_model + 1) // 2) / d_model)
     table = sinusoids_in_halves(config.get("max_position_embeddings", 1024), d_model, inverse_frequencies)
     found["position_table/position_embeddings"] = table[:, :d_model]
-    for i in range(config["encoder_layers"]):
-        found |= block_weights(f"encoder_block_{i}", tensors, f"model.encoder.layers.{i}", ENCODER_SUBLAYERS, num_heads)
-        found |= block_weights(f"decoder_block_{i}", tensors, f"model.decoder.layers.{i}", DECODER_SUBLAYERS, num_heads)
-    return found
+    return found | stack_weights(tensors, config["encoder_layers"], num_heads)
+
+
+def logits_bias_of(config, tensors):
+    """`final_logits_bias`, one logit per target id; zeros where the
+    checkpoint lacks it, as transformers loads such a file."""
+    size = config.get("decoder_vocab_size") or config["vocab_size"]
+    if "final_logits_bias" not in tensors:
+        return np.zeros(size, np.float32)
+    bias = tensors.first("final_logits_bias").reshape(-1)
+    if len(bias) != size:
+        raise ConversionError(
+            f"{tensors.source}: final_logits_bias has {len(bias)} logits; expected {size}, the target vocabulary's "
+            "size in config.json."
+        )
+    return bias
 
 
 def languages(directory):
@@ -84,34 +93,17 @@ def languages(directory):
     return pair_or_none(settings.get("source_lang"), settings.get("target_lang"))
 
 
-def convert(directory, output, dtype=None):
-    """Writes the translator of the Marian checkpoint in `directory` into
-    the (temporary) directory `output`; returns our `Translator`."""
-    from keras_transformer.decoding.translator import Translator
-    from keras_transformer.models.transformer import Transformer
-
-    from keras_transformer.convert.checkpoint import read_config
-
+def read(directory):
+    """The Marian checkpoint in `directory`, as a `Conversion`."""
     config = read_config(directory)
     source = os.path.abspath(directory)
-    for name in ("source.spm", "target.spm", "vocab.json"):
+    for name in MarianTokenizer.FILES:
         if not os.path.isfile(os.path.join(directory, name)):
             raise ConversionError(f"{source} has no {name}. Expected Marian's tokenizer files beside config.json.")
     ids = id_map(config)
     shared = config.get("share_encoder_decoder_embeddings", True)
-    model = Transformer(
-        vocabulary_size=ids.vocabulary_size,
-        share_embeddings=shared,
-        share_target_embeddings=not shared,
-        dtype=dtype,
-        name="transformer",
-        **model_config(config, source),
+    settings = search_settings(directory, config) | {"languages": languages(directory)}
+    return Conversion(
+        model_config(config, source), weights(config, read_tensors(directory), ids, shared),
+        "all" if shared else "target", MarianTokenizer.from_directory(directory, ids), settings, source,
     )
-    assign(model, weights(config, read_tensors(directory), ids, shared), source)
-    tokenizer = MarianTokenizer.from_directory(directory, ids)
-    translator = Translator(
-        model, tokenizer, max_source_length=min(512, model.max_length), languages=languages(directory),
-        **search_settings(directory, config),
-    )
-    translator.save(output)
-    return translator

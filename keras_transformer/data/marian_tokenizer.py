@@ -8,20 +8,11 @@ own ids. Multilingual models take a target-language token such as
 (`IdMap`).
 """
 
-import hashlib
-import json
-import os
-
-import numpy as np
 import sentencepiece
 
 from keras_transformer.data.converted_tokenizer import ConvertedTokenizer
 from keras_transformer.data.converted_tokenizer import read_vocabulary
-from keras_transformer.data.corpus import read_json_object
-from keras_transformer.data.id_map import IdMap
-from keras_transformer.files import write_atomically
 
-KIND = "marian"
 SPACE_MARK = "\u2581"
 
 
@@ -37,14 +28,12 @@ class MarianTokenizer(ConvertedTokenizer):
     Our ids around Marian's: `ConvertedTokenizer`.
     """
 
-    FILES = ("source.spm", "target.spm", "vocab.json", "target_vocab.json")
+    KIND = "marian"
+    FILES = ("source.spm", "target.spm", "vocab.json")
+    OPTIONAL_FILES = ("target_vocab.json",)
 
     def __init__(self, files, id_map):
-        missing = [name for name in self.FILES[:3] if name not in files]
-        if missing:
-            raise ValueError(f"A Marian tokenizer needs {list(self.FILES[:3])}. Received no {missing[0]}.")
-        super().__init__(id_map)
-        self.files = dict(files)
+        super().__init__(files, id_map)
         self._source = sentencepiece.SentencePieceProcessor(model_proto=files["source.spm"])
         self._target = sentencepiece.SentencePieceProcessor(model_proto=files["target.spm"])
         self.source_vocabulary = read_vocabulary(files["vocab.json"], "vocab.json")
@@ -55,40 +44,6 @@ class MarianTokenizer(ConvertedTokenizer):
         )
         self._target_pieces = {i: piece for piece, i in self.target_vocabulary.items()}
         self._published_unknown = id_map.special["unknown"]
-
-    @classmethod
-    def from_directory(cls, directory, id_map):
-        """Reads Marian's files (`source.spm`, `target.spm`, `vocab.json`,
-        `target_vocab.json` if any) from `directory`."""
-        files = {}
-        for name in cls.FILES:
-            path = os.path.join(directory, name)
-            if os.path.isfile(path):
-                with open(path, "rb") as file:
-                    files[name] = file.read()
-        return cls(files, id_map)
-
-    @classmethod
-    def load(cls, directory):
-        config = read_json_object(os.path.join(directory, "tokenizer.json"))
-        return cls.from_directory(directory, IdMap.from_config(config["ids"]))
-
-    def save(self, directory):
-        """Writes the SentencePiece models and vocabularies into
-        `directory`, with `tokenizer.json` (the kind and the ids)."""
-        os.makedirs(directory, exist_ok=True)
-        for name, content in self.files.items():
-            write_atomically(os.path.join(directory, name), content)
-        write_atomically(
-            os.path.join(directory, "tokenizer.json"),
-            json.dumps({"kind": KIND, "vocabulary_size": self.vocabulary_size, "ids": self.id_map.get_config()}, indent=2),
-        )
-
-    def fingerprint(self):
-        digest = hashlib.sha256(KIND.encode())
-        for name in self.FILES:
-            digest.update(self.files.get(name, b""))
-        return digest.hexdigest()[:16]
 
     def published_ids(self, text, target=False):
         """Marian's ids of `text`, without EOS: what `MarianTokenizer`
@@ -109,7 +64,3 @@ class MarianTokenizer(ConvertedTokenizer):
         # model; the pieces, not the model, make the text.
         processor = self._target if self.separate_vocabularies else self._source
         return processor.decode_pieces(pieces).replace(SPACE_MARK, " ").strip()
-
-    def id_to_piece(self, ids):
-        """The target piece of each of our ids, for display."""
-        return [self._target_pieces.get(i, "<unk>") for i in self.id_map.to_published(np.asarray(ids).reshape(-1))]

@@ -23,21 +23,12 @@ respelt as FSMT's. Ours also reads `merges.txt` as `FSMTTokenizer` does
 and needs no codes header to tell its end-of-word convention.
 """
 
-import hashlib
-import json
-import os
 import re
 import unicodedata
 
-import numpy as np
-
 from keras_transformer.data.converted_tokenizer import ConvertedTokenizer
 from keras_transformer.data.converted_tokenizer import read_vocabulary
-from keras_transformer.data.corpus import read_json_object
-from keras_transformer.data.id_map import IdMap
-from keras_transformer.files import write_atomically
 
-KIND = "moses_bpe"
 END_OF_WORD = "</w>"
 SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>")
 SPECIAL_PATTERN = re.compile("(" + "|".join(map(re.escape, SPECIAL_TOKENS)) + ")")
@@ -86,18 +77,16 @@ class MosesBpeTokenizer(ConvertedTokenizer):
     Our ids around fairseq's: `ConvertedTokenizer`.
     """
 
+    KIND = "moses_bpe"
     FILES = ("vocab-src.json", "vocab-tgt.json", "merges.txt")
+    SETTINGS = ("source_language", "target_language", "lowercase")
 
     def __init__(self, files, id_map, source_language, target_language, lowercase=False):
         from sacremoses import MosesDetokenizer
         from sacremoses import MosesPunctNormalizer
         from sacremoses import MosesTokenizer
 
-        missing = [name for name in self.FILES if name not in files]
-        if missing:
-            raise ValueError(f"A Moses and BPE tokenizer needs {list(self.FILES)}. Received no {missing[0]}.")
-        super().__init__(id_map)
-        self.files = {name: files[name] for name in self.FILES}
+        super().__init__(files, id_map)
         self.source_language = source_language
         self.target_language = target_language
         self.lowercase = bool(lowercase)
@@ -116,48 +105,6 @@ class MosesBpeTokenizer(ConvertedTokenizer):
         self.published_special |= {
             self.target_vocabulary[token] for token in SPECIAL_TOKENS if token in self.target_vocabulary
         }
-
-    @classmethod
-    def from_directory(cls, directory, id_map, source_language, target_language, lowercase=False):
-        """Reads `vocab-src.json`, `vocab-tgt.json` and `merges.txt` from
-        `directory`."""
-        files = {}
-        for name in cls.FILES:
-            path = os.path.join(directory, name)
-            if not os.path.isfile(path):
-                raise FileNotFoundError(f"No {name} in {directory}. Expected {list(cls.FILES)}.")
-            with open(path, "rb") as file:
-                files[name] = file.read()
-        return cls(files, id_map, source_language, target_language, lowercase)
-
-    @classmethod
-    def load(cls, directory):
-        config = read_json_object(os.path.join(directory, "tokenizer.json"))
-        return cls.from_directory(
-            directory, IdMap.from_config(config["ids"]), config["source_language"], config["target_language"],
-            lowercase=config.get("lowercase", False),
-        )
-
-    def get_config(self):
-        return {
-            "kind": KIND, "vocabulary_size": self.vocabulary_size, "ids": self.id_map.get_config(),
-            "source_language": self.source_language, "target_language": self.target_language,
-            "lowercase": self.lowercase,
-        }
-
-    def save(self, directory):
-        """Writes the vocabularies and merges into `directory`, with
-        `tokenizer.json` (the kind, the ids and the languages)."""
-        os.makedirs(directory, exist_ok=True)
-        for name, content in self.files.items():
-            write_atomically(os.path.join(directory, name), content)
-        write_atomically(os.path.join(directory, "tokenizer.json"), json.dumps(self.get_config(), indent=2))
-
-    def fingerprint(self):
-        digest = hashlib.sha256(json.dumps(self.get_config(), sort_keys=True).encode())
-        for name in self.FILES:
-            digest.update(self.files[name])
-        return digest.hexdigest()[:16]
 
     def bpe(self, word):
         """The BPE pieces of one Moses token, the last marked `</w>`: the
@@ -216,7 +163,3 @@ class MosesBpeTokenizer(ConvertedTokenizer):
         # An id the target vocabulary lacks reads "<unk>", as in FSMT.
         text = "".join(self._target_pieces.get(i, "<unk>").replace(END_OF_WORD, " ") for i in published)
         return self._detokenizer.detokenize(text.split())
-
-    def id_to_piece(self, ids):
-        """The target piece of each of our ids, for display."""
-        return [self._target_pieces.get(i, "<unk>") for i in self.id_map.to_published(np.asarray(ids).reshape(-1))]

@@ -115,3 +115,28 @@ def joined(translations, owners, count):
     for owner, translation in zip(owners, translations):
         found[owner].append(translation)
     return [" ".join(parts) for parts in found]
+
+
+def check_texts(texts):
+    """`texts` as a list of strings (bytes decoded as UTF-8), or a clear error."""
+    if isinstance(texts, (str, bytes)):
+        raise TypeError(
+            "translate() takes a list of strings. Received a single "
+            f"{type(texts).__name__}: {texts[:50]!r}; wrap it in a list."
+        )
+    texts = list(texts)
+    for i, text in enumerate(texts):
+        if isinstance(text, bytes):
+            try:
+                texts[i] = text.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise ValueError(
+                    f"texts[{i}] is not valid UTF-8 ({error}). "
+                    f"Received: {text[:50]!r}"
+                ) from None
+        elif not isinstance(text, str):
+            raise TypeError(
+                f"texts[{i}] must be a string. Received: "
+                f"{type(text).__name__} {text!r}"
+            )
+    return texts

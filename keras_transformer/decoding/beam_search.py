@@ -24,6 +24,7 @@ from keras import ops
 from keras_transformer.backend import norms
 from keras_transformer.backend import shapes
 from keras_transformer.decoding.search_loop import check_state_lengths
+from keras_transformer.decoding.search_loop import forced_tokens
 from keras_transformer.decoding.search_loop import top_k
 from keras_transformer.decoding.search_loop import while_in_phases
 
@@ -81,6 +82,8 @@ def beam_search(
     grow_state=None,
     steps_per_iteration=1,
     penalty="gnmt",
+    forced_ids=None,
+    force_eos=False,
     decoding=None,
 ):
     """The `beam_size` best translations of each sentence, best first.
@@ -138,6 +141,11 @@ def beam_search(
             iteration the second step writes into the buffer the first
             step read, and the copy is gone (`while_in_phases`).
         penalty: the length penalty's form, "gnmt" or "power".
+        forced_ids: optional int `[batch, P]`, a target prefix: the first P
+            tokens of every hypothesis, each taken at log-probability 0 (as
+            transformers' `forced_bos_token_id` is); counted in its length.
+        force_eos: with True, a hypothesis still alive at its sentence's
+            limit takes EOS there (transformers' `forced_eos_token_id`).
         decoding: the `backend.options.DecodingOptions` of the compiled
             function the search runs in (its loops, its direct calls), or
             None.
@@ -252,6 +260,9 @@ def beam_search(
             candidate_log_probs = offsets[:, :, None] + ops.reshape(
                 logits, (batch_size, beam_size, vocabulary_size)
             )
+        forced = forced_tokens(index, forced_ids, force_eos, eos_id, sentence_max_length)
+        if forced is not None:
+            candidate_log_probs = _only_forced(candidate_log_probs, search["alive_log_probs"], *forced)
         candidate_log_probs = ops.reshape(candidate_log_probs, (batch_size, -1))  # [B, K * V]
         top_log_probs, top_indices = top_k(candidate_log_probs, 2 * beam_size)
         top_beams = top_indices // vocabulary_size  # [B, 2K]
@@ -349,6 +360,16 @@ def beam_search(
     return ids[:, :, 1:], scores
 
 
+def _only_forced(candidate_log_probs, alive_log_probs, tokens, forcing):
+    """`[B, K, V]` extensions where each forced sentence's beams extend by
+    its token alone, adding nothing to their log-probabilities."""
+    vocabulary = ops.arange(ops.shape(candidate_log_probs)[-1], dtype="int32")
+    only = ops.where(
+        ops.equal(vocabulary[None, None, :], tokens[:, None, None]), alive_log_probs[:, :, None], NEG_INF
+    )
+    return ops.where(forcing[:, None, None], only, candidate_log_probs)
+
+
 def greedy_search(
     step_fn,
     initial_ids,
@@ -359,6 +380,8 @@ def greedy_search(
     sentence_max_length=None,
     state_lengths=None,
     grow_state=None,
+    forced_ids=None,
+    force_eos=False,
     decoding=None,
 ):
     """The most likely next token at every step, until EOS.
@@ -375,6 +398,8 @@ def greedy_search(
             limit (at most `max_length`).
         state_lengths, grow_state: a state that grows in phases, as in
             `beam_search`.
+        forced_ids, force_eos: a target prefix, and EOS at the limit, as
+            in `beam_search`.
         decoding: as in `beam_search`.
 
     Returns:
@@ -426,6 +451,10 @@ def greedy_search(
             axis=-1,
         )  # [B]
         token_log_probs = best_logits - ops.logsumexp(logits, axis=-1)  # log softmax at the token
+        forced = forced_tokens(index, forced_ids, force_eos, eos_id, sentence_max_length)
+        if forced is not None:
+            tokens = ops.where(forced[1], forced[0], tokens)
+            token_log_probs = ops.where(forced[1], 0.0, token_log_probs)
         writing = ops.logical_and(
             ops.logical_not(finished), ops.less(index, sentence_max_length)
         )

@@ -3,6 +3,8 @@
 
 import math
 
+import numpy as np
+
 from keras import ops
 
 from keras_transformer.backend.loops import while_loop
@@ -51,6 +53,49 @@ def top_k(scores, k, chunk_size=128):
     )
     values, positions = ops.top_k(candidates, k)
     return values, ops.take_along_axis(indices, positions, axis=1)
+
+
+def forced_tokens(index, forced_ids, force_eos, eos_id, sentence_max_length):
+    """The token each sentence must take at step `index`, and whether it
+    must: `forced_ids[:, index]` while the forced prefix lasts (int `[B,
+    P]`, or None), then EOS at the sentence's limit with `force_eos` (the
+    last token a sentence may have, as transformers' `forced_eos_token_id`
+    forces it). None if nothing is ever forced.
+
+    Returns:
+        `(tokens [B], forcing [B] bool)`, or None.
+    """
+    if forced_ids is None and not force_eos:
+        return None
+    batch_size = ops.shape(sentence_max_length)[0]
+    tokens = ops.full((batch_size,), eos_id, dtype="int32")
+    forcing = ops.zeros((batch_size,), dtype="bool")
+    if force_eos:
+        forcing = ops.greater_equal(index + 1, sentence_max_length)
+    if forced_ids is not None:
+        prefix_length = ops.shape(forced_ids)[1]
+        # A column past the prefix, so that `index` always names one.
+        padded = ops.concatenate([ops.cast(forced_ids, "int32"), ops.zeros((batch_size, 1), dtype="int32")], axis=1)
+        column = ops.take(padded, ops.minimum(index, prefix_length), axis=1)  # [B]
+        in_prefix = ops.less(index, prefix_length)
+        tokens = ops.where(in_prefix, column, tokens)
+        forcing = ops.logical_or(forcing, in_prefix)
+    return tokens, forcing
+
+
+def check_prefix(prefix, vocabulary_size, max_extra_length):
+    """A target prefix as a list of ids, each in the vocabulary, shorter
+    than an output may be."""
+    if prefix is None:
+        return []
+    ids = list(prefix) if isinstance(prefix, (list, tuple, np.ndarray)) else None
+    if ids is None or not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in ids) or any(
+            not 0 < i < vocabulary_size for i in ids) or len(ids) >= max_extra_length:
+        raise ValueError(
+            f"target_prefix must be a list of fewer than max_extra_length={max_extra_length} token ids in "
+            f"[1, {vocabulary_size}). Received: target_prefix={prefix!r}"
+        )
+    return [int(i) for i in ids]
 
 
 def check_state_lengths(state_lengths, grow_state, max_length):

@@ -127,6 +127,8 @@ def search_translations(
     bos_id,
     eos_id,
     length_penalty="gnmt",
+    forced_ids=None,
+    force_eos=False,
     decoding=None,
 ):
     """Beam search (greedy search for a beam of 1) with the cached decoder.
@@ -141,6 +143,8 @@ def search_translations(
         bos_id: the first target token.
         eos_id: the token that ends a translation.
         length_penalty: the penalty's form, "gnmt" or "power".
+        forced_ids: optional int `[B, P]`, the target prefix of each output.
+        force_eos: EOS at each output's limit (`beam_search`).
         decoding: the `backend.options.DecodingOptions` of the compiled
             function this runs in, or None.
 
@@ -167,6 +171,8 @@ def search_translations(
             max_length=max_length,
             eos_id=eos_id,
             sentence_max_length=sentence_max_length,
+            forced_ids=forced_ids,
+            force_eos=force_eos,
             decoding=decoding,
             **growing,
         )
@@ -181,6 +187,8 @@ def search_translations(
         eos_id=eos_id,
         sentence_max_length=sentence_max_length,
         penalty=length_penalty,
+        forced_ids=forced_ids,
+        force_eos=force_eos,
         steps_per_iteration=search_steps_per_iteration(
             initial_state, beam_size, max_length, xla=decoding is not None and decoding.xla
         ),

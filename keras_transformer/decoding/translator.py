@@ -15,6 +15,7 @@ from keras_transformer.checks import describe_error
 from keras_transformer.data.corpus import read_json_object
 from keras_transformer.data.pipeline import bucket_lengths
 from keras_transformer.data.languages import check_pair
+from keras_transformer.data.sentences import check_texts
 from keras_transformer.data.sentences import joined
 from keras_transformer.data.sentences import sources_in_pieces
 from keras_transformer.data.sentences import split_text
@@ -23,6 +24,7 @@ from keras_transformer.decoding.beam_search import check_alpha
 from keras_transformer.decoding.beam_search import check_length_penalty
 from keras_transformer.decoding import streaming
 from keras_transformer.decoding.compiled import CompiledFunction
+from keras_transformer.decoding.search_loop import check_prefix
 from keras_transformer.decoding.steps import search_translations
 from keras_transformer.files import atomic_path
 from keras_transformer.files import write_atomically
@@ -34,6 +36,9 @@ from keras_transformer.models.transformer import Transformer
 CONFIG_FILE = "translator.json"
 MODEL_FILE = "model.keras"
 
+
+# `with_search`'s default: this translator's own setting.
+KEEP = object()
 
 class Translator:
     """Translates text with a trained `Transformer` and its tokenizer.
@@ -86,6 +91,11 @@ class Translator:
             translates between, such as `("en", "de")`: `train` and
             `convert` set them where the files name them, and `serve`
             routes requests by them.
+        target_prefix: None, or ids (ours) that begin every output, taken
+            before the search takes over (a converted NLLB's target
+            language; CTranslate2's `target_prefix`).
+        force_eos: end with EOS an output that reaches its limit
+            (transformers' `forced_eos_token_id`, set by `convert`).
 
     Example:
         >>> translator = Translator.load("runs/quickstart")
@@ -107,6 +117,8 @@ class Translator:
         length_penalty="gnmt",
         warm_up=False,
         languages=None,
+        target_prefix=None,
+        force_eos=False,
     ):
         for name, value, least in (
             ("beam_size", beam_size, 1),
@@ -132,6 +144,8 @@ class Translator:
                 f"model.vocabulary_size={model.vocabulary_size}"
             )
         self.languages = check_pair(languages)
+        self.target_prefix = check_prefix(target_prefix, model.vocabulary_size, max_extra_length)
+        self.force_eos = bool(force_eos)
         self.model = quantized(model, quantize) if quantize else model
         self.quantize = quantize
         self.tokenizer = tokenizer
@@ -154,13 +168,14 @@ class Translator:
             max_extra_length=max_extra_length,
             bos_id=tokenizer.bos_id,
             length_penalty=length_penalty,
+            force_eos=self.force_eos,
         )
         self._search = CompiledFunction(
-            lambda source_ids, limits, eos_id, decoding=None: search_batch(
-                source_ids, limits, eos_id=eos_id, decoding=decoding
+            lambda source_ids, limits, eos_id, *prefix, decoding=None: search_batch(
+                source_ids, limits, eos_id=eos_id, forced_ids=prefix[0] if prefix else None, decoding=decoding
             ),
             self.model,
-            input_ranks=(2, 1, 0),
+            input_ranks=(2, 1, 0, 2) if self.target_prefix else (2, 1, 0),
             jit_compile=jit_compile,
             # Under torch, every shape's loops: a condition and a body per
             # phase of the growing caches (up to 7), kept all at once.
@@ -204,14 +219,21 @@ class Translator:
                     # to the longest output, EOS never.
                     limits = np.full((count,), length - 1 + self.max_extra_length, "int32")
                     with loops.recording_at_once():
-                        self._search(source_ids, limits, -1)
+                        self._run_search(source_ids, limits, -1)
                 elif keras.backend.backend() != "torch":  # compiled whole for the shape: one step is enough
-                    self._search(source_ids, np.ones((count,), "int32"), self.tokenizer.eos_id)
+                    self._run_search(source_ids, np.ones((count,), "int32"), self.tokenizer.eos_id)
         return len(rows) * len(self.source_lengths), time.perf_counter() - start
 
-    def with_search(self, beam_size=None, alpha=None):
-        """This translator with another beam size or length penalty: the
-        same model (quantized or not), tokenizer and other settings."""
+    def _run_search(self, source_ids, limits, eos_id):
+        if not self.target_prefix:
+            return self._search(source_ids, limits, eos_id)
+        prefix = np.tile(np.array(self.target_prefix, "int32"), (len(source_ids), 1))
+        return self._search(source_ids, limits, eos_id, prefix)
+
+    def with_search(self, beam_size=None, alpha=None, target_prefix=KEEP):
+        """This translator with another beam size, length penalty or target
+        prefix: the same model (quantized or not), tokenizer and other
+        settings."""
         other = Translator(
             self.model,
             self.tokenizer,
@@ -223,11 +245,13 @@ class Translator:
             jit_compile=self.jit_compile,
             length_penalty=self.length_penalty,
             languages=self.languages,
+            target_prefix=self.target_prefix if target_prefix is KEEP else target_prefix,
+            force_eos=self.force_eos,
         )
         other.quantize = self.quantize  # its model is this one's, already quantized
         return other
 
-    def translate(self, texts, first_line=0, split_sentences=False):
+    def translate(self, texts, first_line=0, split_sentences=False, target_prefix=None):
         """Translates each string; returns a list of strings, aligned.
 
         `first_line` counts the lines before `texts` in their file, for
@@ -236,9 +260,13 @@ class Translator:
         (`keras_transformer.data.sentences`), each sentence is translated
         (one longer than `max_source_length` in pieces, with a warning,
         not cut), and the string is put back together, its line breaks and
-        spacing kept."""
+        spacing kept. `target_prefix`, a string, begins each translation
+        (`with_search` keeps a translator for one: this one compiles anew)."""
+        if target_prefix is not None:
+            prefixed = self.with_search(target_prefix=self.tokenizer.tokenize_target([target_prefix])[0])
+            return prefixed.translate(texts, first_line, split_sentences)
         if split_sentences:
-            return self._translate_sentences(self._check_texts(texts), first_line)
+            return self._translate_sentences(check_texts(texts), first_line)
         return [hypotheses[0][0] for hypotheses in self.n_best(texts, first_line)]
 
     def _translate_sentences(self, texts, first_line):
@@ -284,7 +312,7 @@ class Translator:
             score is log P(translation) / lp(length) (greedy search: log P).
             An empty line gets `[("", 0.0)]`.
         """
-        texts = self._check_texts(texts)
+        texts = check_texts(texts)
         results = [[("", 0.0)] for _ in texts]
         found = self.search(texts, first_line)
         if not found:
@@ -306,7 +334,7 @@ class Translator:
             last), int `[beam_size, length]` output ids (EOS, then 0s) and
             float `[beam_size]` scores, best first.
         """
-        return self._search_sources(self._source_ids(self._check_texts(texts), first_line))
+        return self._search_sources(self._source_ids(check_texts(texts), first_line))
 
     def search_ids(self, sources):
         """The search of token id lists, each ending with EOS (what
@@ -334,33 +362,10 @@ class Translator:
             source_ids, limits = self._batch(
                 [sources[i] for i in rows], rows_wanted=self._rows_for(len(rows))
             )
-            ids, scores = self._search(source_ids, limits, self.tokenizer.eos_id)
+            ids, scores = self._run_search(source_ids, limits, self.tokenizer.eos_id)
             for row, i in enumerate(rows):
                 results[i] = (sources[i], ids[row], scores[row])
         return results
-
-    def _check_texts(self, texts):
-        if isinstance(texts, (str, bytes)):
-            raise TypeError(
-                "translate() takes a list of strings. Received a single "
-                f"{type(texts).__name__}: {texts[:50]!r}; wrap it in a list."
-            )
-        texts = list(texts)
-        for i, text in enumerate(texts):
-            if isinstance(text, bytes):
-                try:
-                    texts[i] = text.decode("utf-8")
-                except UnicodeDecodeError as error:
-                    raise ValueError(
-                        f"texts[{i}] is not valid UTF-8 ({error}). "
-                        f"Received: {text[:50]!r}"
-                    ) from None
-            elif not isinstance(text, str):
-                raise TypeError(
-                    f"texts[{i}] must be a string. Received: "
-                    f"{type(text).__name__} {text!r}"
-                )
-        return texts
 
     def _source_ids(self, texts, first_line=0):
         """Token ids of each non-blank line, followed by EOS, by line index."""
@@ -417,6 +422,8 @@ class Translator:
             "batch_size": self.batch_size,
             "quantize": self.quantize,
             "languages": None if self.languages is None else list(self.languages),
+            "target_prefix": self.target_prefix or None,
+            "force_eos": self.force_eos,
         }
 
     def save(self, directory):

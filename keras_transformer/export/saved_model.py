@@ -215,6 +215,9 @@ def _serving_module(translator, graph_tokens, asset_files, settings_file, max_re
     module.settings = tf.saved_model.Asset(settings_file)
 
     def search(source_ids, sentence_max_length):
+        # The translator's target prefix begins every output, as in `Translator`.
+        prefix = translator.target_prefix
+        forced_ids = tf.tile(tf.constant([prefix], tf.int32), [tf.shape(source_ids)[0], 1]) if prefix else None
         ids, scores = search_translations(
             model,
             source_ids,
@@ -225,6 +228,8 @@ def _serving_module(translator, graph_tokens, asset_files, settings_file, max_re
             max_extra_length=translator.max_extra_length,
             bos_id=tokenizer.bos_id,
             eos_id=eos_id,
+            forced_ids=forced_ids,
+            force_eos=translator.force_eos,
         )
         return ids[:, 0], scores[:, 0]
 

@@ -7,10 +7,12 @@ token budget, after waiting at most `max_wait` for as many as the last
 batch had, counted from the later of the first one's arrival and the end
 of the last batch. The clients a batch answered send their next sentences
 within milliseconds: a batch that started without them would leave them to
-wait a whole batch, and batches would alternate large and small. A lone
-client's sentence, after a batch of one, does not wait at all; nor does a
-full batch (`translator.batch_size` sentences). The `Translator` then sorts them by length into its own
-batches, padded to its buckets of source lengths and row counts, so that a
+wait a whole batch, and batches would alternate large and small. Once
+that many wait, a batch still takes those that keep arriving, each within
+`BURST_GAP` of the last (clients that start together), up to the same
+deadline. A lone client's sentence, after a batch of one, waits that gap
+alone; a full batch (`translator.batch_size` sentences) does not wait. The
+`Translator` then sorts them by length into its own batches, padded to its buckets of source lengths and row counts, so that a
 compiled backend meets only the shapes `Translator.warm_up` compiled.
 """
 
@@ -19,6 +21,11 @@ import collections
 import concurrent.futures
 import dataclasses
 import time
+
+
+# A batch that has the sentences it waited for still takes one that
+# arrives this soon after the last: a burst goes in one batch, not two.
+BURST_GAP = 0.002  # seconds
 
 
 class QueueFull(Exception):
@@ -48,10 +55,12 @@ class Batcher:
             batchers of a server), or None for one of its own.
         across_requests: False to decode each request's sentences on their
             own, one request after another (batching off, for comparison).
+        burst_gap: seconds within which a sentence still joins a batch that
+            has the sentences it waited for.
     """
 
     def __init__(self, translator, max_tokens=4096, max_wait=0.05, max_queue=1024, metrics=None, executor=None,
-                 across_requests=True):
+                 across_requests=True, burst_gap=BURST_GAP):
         for name, value in (("max_tokens", max_tokens), ("max_queue", max_queue)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1. Received: {name}={value!r}")
@@ -60,6 +69,7 @@ class Batcher:
         self.translator = translator
         self.max_tokens = max_tokens
         self.max_wait = max_wait
+        self.burst_gap = burst_gap
         self.max_queue = max_queue
         self.metrics = metrics
         self.across_requests = across_requests
@@ -140,9 +150,12 @@ class Batcher:
     async def _gather(self, free_since, expected):
         """Waits up to `max_wait` from the later of the first waiting
         sentence's arrival and `free_since` for more to join, until
-        `expected` sentences (or a whole batch) wait."""
+        `expected` sentences wait and no more arrive within `BURST_GAP`, or
+        a whole batch waits."""
         deadline = max(self._waiting[0].arrived, free_since) + self.max_wait
-        while not self._enough(expected) and (left := deadline - time.perf_counter()) > 0:
+        while not self._enough(self.max_queue) and (left := deadline - time.perf_counter()) > 0:
+            if self._enough(expected):
+                left = min(left, self.burst_gap)  # a burst still arriving
             try:
                 await asyncio.wait_for(self._arrived.wait(), left)
             except TimeoutError:
