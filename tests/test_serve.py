@@ -264,6 +264,19 @@ def test_a_cancelled_request_s_sentences_are_not_decoded():
 
 
 @in_one_pass("torch", "the batcher's host code, the same under every backend")
+class SlowTranslator:
+    """A translator that takes `seconds` a batch and notes each batch's
+    sentences by their first id."""
+
+    def __init__(self, batch_size, seconds):
+        self.batch_size, self.seconds, self.batches = batch_size, seconds, []
+
+    def search_ids(self, sources):
+        self.batches.append([ids[0] for ids in sources])
+        time.sleep(self.seconds)
+        return [([ids], [0.0]) for ids in sources]
+
+
 def test_a_batch_waits_for_as_many_sentences_as_the_last_from_when_the_decoder_is_free():
     """After a batch of two, a sentence that waited through it waits
     `max_wait` more for a second (its clients, just answered), so they share
@@ -273,24 +286,13 @@ def test_a_batch_waits_for_as_many_sentences_as_the_last_from_when_the_decoder_i
 
     from keras_transformer.serving.batcher import Batcher
 
-    class Slow:
-        batch_size = 3
-
-        def __init__(self):
-            self.batches = []
-
-        def search_ids(self, sources):
-            self.batches.append([ids[0] for ids in sources])
-            time.sleep(0.3)
-            return [([ids], [0.0]) for ids in sources]
-
     async def timed(work):
         started = time.perf_counter()
         await work
         return time.perf_counter() - started
 
     async def scenario():
-        translator = Slow()
+        translator = SlowTranslator(batch_size=3, seconds=0.3)
         batcher = Batcher(translator, max_wait=0.2)
         batcher.start()
         first = asyncio.gather(batcher.search([[1, 3]]), batcher.search([[1, 3]]))  # a batch of two
@@ -318,19 +320,8 @@ def test_a_burst_of_clients_shares_one_batch_though_the_last_batch_was_one_sente
 
     from keras_transformer.serving.batcher import Batcher
 
-    class Slow:
-        batch_size = 8
-
-        def __init__(self):
-            self.batches = []
-
-        def search_ids(self, sources):
-            self.batches.append([ids[0] for ids in sources])
-            time.sleep(0.2)
-            return [([ids], [0.0]) for ids in sources]
-
     async def scenario():
-        translator = Slow()
+        translator = SlowTranslator(batch_size=8, seconds=0.2)
         batcher = Batcher(translator, max_wait=1.0, burst_gap=0.1)
         batcher.start()
         await batcher.search([[1, 3]])  # a batch of one

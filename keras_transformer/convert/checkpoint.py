@@ -76,10 +76,14 @@ def search_settings(directory, config):
     }
 
 
-def read_config(directory):
+def read_config(directory, tokenizer_files=(), tokenizer="the tokenizer's files"):
+    """`config.json` of `directory`, which must also hold `tokenizer_files`."""
     path = os.path.join(directory, "config.json")
     if not os.path.isfile(path):
         raise ConversionError(f"{directory} has no config.json. Expected a Hugging Face model directory.")
+    for name in tokenizer_files:
+        if not os.path.isfile(os.path.join(directory, name)):
+            raise ConversionError(f"{os.path.abspath(directory)} has no {name}. Expected {tokenizer} beside config.json.")
     return read_json_object(path)
 
 

@@ -38,11 +38,8 @@ def tokenizer_settings(directory, config):
 
 def read(directory):
     """The FSMT checkpoint in `directory`, as a `Conversion`."""
-    config = read_config(directory)
+    config = read_config(directory, MosesBpeTokenizer.FILES, "FSMT's tokenizer files")
     source = os.path.abspath(directory)
-    for name in MosesBpeTokenizer.FILES:
-        if not os.path.isfile(os.path.join(directory, name)):
-            raise ConversionError(f"{source} has no {name}. Expected FSMT's tokenizer files beside config.json.")
     languages, lowercase = tokenizer_settings(directory, config)
     unknown = read_json_object(os.path.join(directory, "vocab-src.json")).get("<unk>", 3)
     model = fairseq_transformer.model_config(config, source)

@@ -95,11 +95,8 @@ def languages(directory):
 
 def read(directory):
     """The Marian checkpoint in `directory`, as a `Conversion`."""
-    config = read_config(directory)
+    config = read_config(directory, MarianTokenizer.FILES, "Marian's tokenizer files")
     source = os.path.abspath(directory)
-    for name in MarianTokenizer.FILES:
-        if not os.path.isfile(os.path.join(directory, name)):
-            raise ConversionError(f"{source} has no {name}. Expected Marian's tokenizer files beside config.json.")
     ids = id_map(config)
     shared = config.get("share_encoder_decoder_embeddings", True)
     settings = search_settings(directory, config) | {"languages": languages(directory)}

@@ -260,11 +260,13 @@ def beam_search(
             candidate_log_probs = offsets[:, :, None] + ops.reshape(
                 logits, (batch_size, beam_size, vocabulary_size)
             )
-        forced = forced_tokens(index, forced_ids, force_eos, eos_id, sentence_max_length)
-        if forced is not None:
-            candidate_log_probs = _only_forced(candidate_log_probs, search["alive_log_probs"], *forced)
         candidate_log_probs = ops.reshape(candidate_log_probs, (batch_size, -1))  # [B, K * V]
         top_log_probs, top_indices = top_k(candidate_log_probs, 2 * beam_size)
+        forced = forced_tokens(index, forced_ids, force_eos, eos_id, sentence_max_length)
+        if forced is not None:
+            top_log_probs, top_indices = _forced_extensions(
+                top_log_probs, top_indices, search["alive_log_probs"], vocabulary_size, *forced
+            )
         top_beams = top_indices // vocabulary_size  # [B, 2K]
         top_tokens = ops.cast(top_indices % vocabulary_size, "int32")
         top_ids = ops.where(
@@ -360,14 +362,20 @@ def beam_search(
     return ids[:, :, 1:], scores
 
 
-def _only_forced(candidate_log_probs, alive_log_probs, tokens, forcing):
-    """`[B, K, V]` extensions where each forced sentence's beams extend by
-    its token alone, adding nothing to their log-probabilities."""
-    vocabulary = ops.arange(ops.shape(candidate_log_probs)[-1], dtype="int32")
-    only = ops.where(
-        ops.equal(vocabulary[None, None, :], tokens[:, None, None]), alive_log_probs[:, :, None], NEG_INF
+def _forced_extensions(top_log_probs, top_indices, alive_log_probs, vocabulary_size, tokens, forcing):
+    """The 2K best extensions `(log-probabilities, indices into K * V)`,
+    where a sentence is forced: each alive beam extended by its token at no
+    cost (log-probability 0), in the beams' order (best first), then K empty
+    slots. What the search would take from extensions all but the token's
+    made impossible, without a pass over them."""
+    beam_size = ops.shape(alive_log_probs)[1]
+    forced_log_probs = ops.concatenate([alive_log_probs, ops.full_like(alive_log_probs, NEG_INF)], axis=1)
+    beams = ops.concatenate([ops.arange(beam_size, dtype="int32"), ops.zeros((beam_size,), dtype="int32")])
+    forced_indices = ops.cast(beams[None, :] * vocabulary_size + tokens[:, None], top_indices.dtype)  # [B, 2K]
+    return (
+        ops.where(forcing[:, None], forced_log_probs, top_log_probs),
+        ops.where(forcing[:, None], forced_indices, top_indices),
     )
-    return ops.where(forcing[:, None, None], only, candidate_log_probs)
 
 
 def greedy_search(
