@@ -116,6 +116,37 @@ def test_forced_eos_and_a_forced_first_token_search_as_transformers(tmp_path):
     assert all(ids[0][0] == prefixed.target_prefix[0] for _, ids, _ in prefixed.search(SENTENCES).values())
 
 
+def test_a_sharded_checkpoint_converts_as_its_single_file_does(tmp_path):
+    model, tokenizer = marian_directory(tmp_path / "hf", layers=1)
+    whole = convert(tmp_path / "hf", tmp_path / "whole")
+    model.save_pretrained(tmp_path / "sharded", max_shard_size="60KB")
+    tokenizer.save_pretrained(tmp_path / "sharded")
+    names = sorted(os.listdir(tmp_path / "sharded"))
+    parts = [name for name in names if name.startswith("model-") and name.endswith(".safetensors")]
+    assert "model.safetensors" not in names and "model.safetensors.index.json" in names and len(parts) > 1
+    sharded = convert(tmp_path / "sharded", tmp_path / "from_shards")
+    for ours, theirs in zip(whole.model.weights, sharded.model.weights):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(ours), keras.ops.convert_to_numpy(theirs))
+    os.remove(tmp_path / "sharded" / parts[-1])
+    with pytest.raises(ConversionError, match=f"model.safetensors.index.json names the shard {parts[-1]}, which"):
+        convert(tmp_path / "sharded", tmp_path / "out")
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_a_download_fetches_one_weight_format():
+    from keras_transformer.convert.checkpoint import download_files
+
+    common = ["config.json", "generation_config.json", "source.spm", "target.spm", "vocab.json", "README.md"]
+    assert download_files(common + ["model.safetensors", "pytorch_model.bin", "tf_model.h5", "rust_model.ot"]) == sorted(
+        set(common) - {"README.md"} | {"model.safetensors"})
+    assert "pytorch_model.bin" in download_files(common + ["pytorch_model.bin", "flax_model.msgpack"])
+    sharded = ["model.safetensors.index.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+               "pytorch_model.bin.index.json", "pytorch_model-00001-of-00002.bin", "pytorch_model-00002-of-00002.bin"]
+    fetched = download_files(common + sharded)
+    assert [name for name in fetched if "model-" in name] == sharded[1:3]
+    assert "model.safetensors.index.json" in fetched
+
+
 def test_a_checkpoint_without_final_logits_bias_translates_as_transformers(tmp_path):
     """Published files saved without `final_logits_bias` load in
     transformers with a zero bias; converted, they once translated every

@@ -18,6 +18,7 @@ import re
 from keras_transformer.backend import layouts
 from keras_transformer.convert.checkpoint import ConversionError
 from keras_transformer.convert.checkpoint import output_directory
+from keras_transformer.convert.checkpoint import download_files
 from keras_transformer.convert.pipeline import build
 from keras_transformer.data.corpus import read_json_object
 
@@ -69,10 +70,9 @@ def download(hub_id):
             '(pip install "keras-vaswani[convert]").'
         ) from None
     try:
-        return snapshot_download(
-            hub_id,
-            allow_patterns=["*.json", "*.spm", "*.txt", "model.safetensors", "pytorch_model.bin", "bpecodes", "merges.txt"],
-        )
+        from huggingface_hub import list_repo_files
+
+        return snapshot_download(hub_id, allow_patterns=download_files(list_repo_files(hub_id)))
     except Exception as error:  # noqa: BLE001 - network and hub errors alike
         raise ConversionError(f"{hub_id!r} could not be downloaded: {str(error).splitlines()[0]}") from None
 

@@ -87,25 +87,79 @@ def read_config(directory, tokenizer_files=(), tokenizer="the tokenizer's files"
     return read_json_object(path)
 
 
+# A checkpoint's weights in each format: one file, or shards an index names.
+WEIGHT_FILES = (
+    ("model.safetensors", "model.safetensors.index.json"),
+    ("pytorch_model.bin", "pytorch_model.bin.index.json"),
+)
+
+
+def weight_files(names):
+    """Of a checkpoint's file `names`, the weights to read: one format,
+    safetensors where there are both, one file or an index and its shards
+    (the shards are read from the index)."""
+    for single, index in WEIGHT_FILES:
+        if single in names:
+            return [single]
+        if index in names:
+            return [index]
+    return []
+
+
+def download_files(names):
+    """Of a hub repository's file `names`, those a conversion reads: the
+    configs and tokenizer files, and one weight format's (safetensors where
+    it has both; an index with its shards), not every copy of the weights."""
+    weights = weight_files(names)
+    if weights and weights[0].endswith(".index.json"):
+        extension = ".safetensors" if weights[0].startswith("model.safetensors") else ".bin"
+        weights += [name for name in names if name.endswith(extension) and "/" not in name]
+    kept = [name for name in names if "/" not in name and (name.endswith((".json", ".spm", ".txt", ".model"))
+                                                           or name in ("bpecodes", "code"))]
+    return sorted(set(kept) | set(weights))
+
+
 def read_tensors(directory):
     """The tensors of `model.safetensors` (read as NumPy, without torch)
-    or `pytorch_model.bin` (with torch), as float32 arrays by name."""
-    safetensors_path = os.path.join(directory, "model.safetensors")
-    torch_path = os.path.join(directory, "pytorch_model.bin")
-    if os.path.isfile(safetensors_path):
-        from safetensors.numpy import load_file
-
-        try:
-            tensors = load_file(safetensors_path)
-        except Exception as error:  # noqa: BLE001 - any unreadable file
-            raise ConversionError(f"{safetensors_path} cannot be read as safetensors ({error}).") from None
-    elif os.path.isfile(torch_path):
-        tensors = read_torch_file(torch_path)
-    else:
+    or `pytorch_model.bin` (with torch), or of the shards their index
+    names, as float32 arrays by name."""
+    files = weight_files(os.listdir(directory))
+    if not files:
         raise ConversionError(
-            f"{directory} has no weights. Expected model.safetensors or pytorch_model.bin."
+            f"{directory} has no weights. Expected model.safetensors, pytorch_model.bin, or either's shards "
+            "and index (model.safetensors.index.json)."
         )
+    tensors = {}
+    for name in shards(directory, files[0]):
+        tensors |= read_weight_file(os.path.join(directory, name))
     return Tensors({name: np.asarray(value, np.float32) for name, value in tensors.items()}, directory)
+
+
+def shards(directory, name):
+    """`[name]`, or for an index the shards its `weight_map` names."""
+    if not name.endswith(".index.json"):
+        return [name]
+    path = os.path.join(directory, name)
+    weight_map = read_json_object(path).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ConversionError(f"{path} has no weight_map. Expected the tensors' shards by name.")
+    files = sorted(set(map(str, weight_map.values())))
+    missing = [file for file in files if not os.path.isfile(os.path.join(directory, file))]
+    if missing:
+        raise ConversionError(f"{path} names the shard {missing[0]}, which {directory} lacks.")
+    return files
+
+
+def read_weight_file(path):
+    """A safetensors or torch file's tensors, by name."""
+    if not path.endswith(".safetensors"):
+        return read_torch_file(path)
+    from safetensors.numpy import load_file
+
+    try:
+        return load_file(path)
+    except Exception as error:  # noqa: BLE001 - any unreadable file
+        raise ConversionError(f"{path} cannot be read as safetensors ({error}).") from None
 
 
 def load_torch(path, safe_classes=(), expected="a dictionary of tensors"):
