@@ -131,10 +131,14 @@ def test_a_model_file_replaced_by_another_keras_model_is_one_error(model, tokeni
         assert str(exit_info.value.code).startswith("error: ") and "holds a Sequential" in str(exit_info.value.code)
 
 
-def test_warm_up_compiles_every_shape_so_translating_compiles_nothing(model, tokenizer):
-    translator = Translator(model, tokenizer, beam_size=2, batch_size=2, max_source_length=40, max_extra_length=20)
+@pytest.mark.parametrize("forced", [False, True], ids=["free", "prefix_and_eos_forced"])
+def test_warm_up_compiles_every_shape_so_translating_compiles_nothing(model, tokenizer, forced):
+    # Forced tokens too: torch's warm-up records with an EOS id of -1, which a forced EOS must not index.
+    settings = {"force_eos": True, "target_prefix": tokenizer.tokenize_target(["Die"])[0]} if forced else {}
+    translator = Translator(model, tokenizer, beam_size=2, batch_size=2, max_source_length=40, max_extra_length=20,
+                            **settings)
     assert translator.source_lengths == [8, 12, 18, 27, 40] and translator.row_counts() == [1, 2]
-    expected = Translator(model, tokenizer, beam_size=2, max_extra_length=20).n_best(SENTENCES)
+    expected = Translator(model, tokenizer, beam_size=2, max_extra_length=20, **settings).n_best(SENTENCES)
     compiled = translator._search
     programs, seconds = translator.warm_up()
     assert programs == 10 and seconds > 0

@@ -68,7 +68,9 @@ def forced_tokens(index, forced_ids, force_eos, eos_id, sentence_max_length):
     if forced_ids is None and not force_eos:
         return None
     batch_size = ops.shape(sentence_max_length)[0]
-    tokens = ops.full((batch_size,), eos_id, dtype="int32")
+    # At least 0: a warm-up that never ends (EOS -1) still names a token.
+    # (A sum, not `full`: under torch, `full` reads a tensor EOS to the host.)
+    tokens = ops.zeros((batch_size,), dtype="int32") + ops.cast(ops.maximum(eos_id, 0), "int32")
     forcing = ops.zeros((batch_size,), dtype="bool")
     if force_eos:
         forcing = ops.greater_equal(index + 1, sentence_max_length)
