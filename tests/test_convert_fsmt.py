@@ -175,8 +175,9 @@ def test_saved_translator_loads_exactly(converted):
     shorter = Translator.load(output, max_extra_length=MAX_EXTRA_LENGTH)
     converted_translator = Translator(
         translator.model, translator.tokenizer, beam_size=loaded.beam_size, alpha=loaded.alpha,
-        length_penalty=loaded.length_penalty, max_extra_length=MAX_EXTRA_LENGTH,
+        length_penalty=loaded.length_penalty, max_extra_length=MAX_EXTRA_LENGTH, force_eos=loaded.force_eos,
     )
+    assert loaded.force_eos  # the config's forced_eos_token_id; fairseq's generator's own rule
     assert shorter.translate(SENTENCES) == converted_translator.translate(SENTENCES)
 
 
