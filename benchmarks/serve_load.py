@@ -40,8 +40,9 @@ Clients are threads of the standard library, one keep-alive
 `http.client` connection each, `--concurrency` of them at a time, sending
 `--requests` requests per cell, and at least `--rounds` per client (a cell
 at concurrency 32 is then 4 batches of ours, not mostly its ramp), after
-`--warm-up` untimed ones, one at a time: each a single sentence of Multi30k's test2016.en in file order
-(`POST /translate`, LibreTranslate's JSON). A cell stops at
+`--warm-up` untimed ones, one at a time: each a single sentence of
+Multi30k's test2016.en in file order (`POST /translate`, LibreTranslate's
+JSON). A cell stops at
 `--max-seconds`, reported as such, and the server's later cells are
 skipped. Reported for each server and concurrency: sentences per second
 (answered requests over the cell's wall time), p50, p95 and p99 latency,
@@ -414,7 +415,8 @@ def ratios(servers):
 
 def print_report(results):
     print(f"\n{results['size']}'s size, {results['backend']}, {results['machine']}: {results['requests']} requests "
-          f"a cell and at least {results['rounds']} a client, beam {results['settings']['beam_size']}, source pieces + {results['settings']['max_extra_length']} "
+          f"a cell and at least {results['rounds']} a client, beam {results['settings']['beam_size']}, "
+          f"source pieces + {results['settings']['max_extra_length']} "
           f"tokens each ({results['source_pieces']['min']} to {results['source_pieces']['max']} source pieces, "
           f"median {results['source_pieces']['median']:g})")
     print("| server | concurrency | sentences/s | p50 ms | p95 ms | p99 ms | p99/p50 | sentences a batch | note |")

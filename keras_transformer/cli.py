@@ -89,7 +89,7 @@ def translate(args):
     check_writable(args.output)
     translator = _load_translator(args)
     if args.target_prefix:
-        translator = translator.with_search(target_prefix=translator.tokenizer.tokenize_target([args.target_prefix])[0])
+        translator = translator.with_target_prefix(args.target_prefix)
     model_file = os.path.join(args.model_dir, "model.keras")
     # A rerun continues an interrupted output only with this same model.
     settings = dict(translator.get_config(), model=[os.path.realpath(model_file), os.stat(model_file).st_mtime_ns])

@@ -94,25 +94,25 @@ WEIGHT_FILES = (
 )
 
 
-def weight_files(names):
-    """Of a checkpoint's file `names`, the weights to read: one format,
-    safetensors where there are both, one file or an index and its shards
-    (the shards are read from the index)."""
+def weight_file(names):
+    """Of a checkpoint's file `names`, the weights to read, or None: one
+    format, safetensors where there are both; one file, or the index of its
+    shards."""
     for single, index in WEIGHT_FILES:
-        if single in names:
-            return [single]
-        if index in names:
-            return [index]
-    return []
+        for name in (single, index):
+            if name in names:
+                return name
+    return None
 
 
 def download_files(names):
     """Of a hub repository's file `names`, those a conversion reads: the
     configs and tokenizer files, and one weight format's (safetensors where
     it has both; an index with its shards), not every copy of the weights."""
-    weights = weight_files(names)
-    if weights and weights[0].endswith(".index.json"):
-        extension = ".safetensors" if weights[0].startswith("model.safetensors") else ".bin"
+    found = weight_file(names)
+    weights = [] if found is None else [found]
+    if found is not None and found.endswith(".index.json"):
+        extension = ".safetensors" if found.startswith("model.safetensors") else ".bin"
         weights += [name for name in names if name.endswith(extension) and "/" not in name]
     kept = [name for name in names if "/" not in name and (name.endswith((".json", ".spm", ".txt", ".model"))
                                                            or name in ("bpecodes", "code"))]
@@ -123,14 +123,14 @@ def read_tensors(directory):
     """The tensors of `model.safetensors` (read as NumPy, without torch)
     or `pytorch_model.bin` (with torch), or of the shards their index
     names, as float32 arrays by name."""
-    files = weight_files(os.listdir(directory))
-    if not files:
+    found = weight_file(os.listdir(directory))
+    if found is None:
         raise ConversionError(
             f"{directory} has no weights. Expected model.safetensors, pytorch_model.bin, or either's shards "
             "and index (model.safetensors.index.json)."
         )
     tensors = {}
-    for name in shards(directory, files[0]):
+    for name in shards(directory, found):
         tensors |= read_weight_file(os.path.join(directory, name))
     return Tensors({name: np.asarray(value, np.float32) for name, value in tensors.items()}, directory)
 

@@ -4,9 +4,10 @@
 `model.pt` holds the weights (`checkpoint["model"]`) and the architecture
 (`checkpoint["args"]`, or `checkpoint["cfg"]["model"]` since fairseq
 0.10) of fairseq's `transformer`: the model transformers ported as FSMT,
-so the checkpoint is read into FSMT's names (`fairseq_transformer`). Older checkpoints keep a layer's
-query, key and value projections in one `in_proj_weight` and an encoder
-block's norms as `layer_norms.0` and `.1`; both are read. A dictionary
+so the checkpoint is read into FSMT's names (`fairseq_transformer`).
+Older checkpoints keep a layer's query, key and value projections in one
+`in_proj_weight` and an encoder block's norms as `layer_norms.0` and `.1`;
+both are read. A dictionary
 numbers its pieces after the implicit <s>, <pad>, </s>, <unk> (ids 0 to
 3), one "piece count" a line, "piece@@" inside a word; it is rewritten in
 FSMT's spelling for `MosesBpeTokenizer`.

@@ -62,6 +62,7 @@ class ConvertedTokenizer:
         self.vocabulary_size = id_map.vocabulary_size
         # The published special ids, which detokenizing drops.
         self.published_special = set(id_map.special.values())
+        self._published_unknown = id_map.special["unknown"]
 
     @classmethod
     def from_directory(cls, directory, id_map, **settings):

@@ -43,7 +43,6 @@ class MarianTokenizer(ConvertedTokenizer):
             if self.separate_vocabularies else self.source_vocabulary
         )
         self._target_pieces = {i: piece for piece, i in self.target_vocabulary.items()}
-        self._published_unknown = id_map.special["unknown"]
 
     def published_ids(self, text, target=False):
         """Marian's ids of `text`, without EOS: what `MarianTokenizer`

@@ -100,7 +100,6 @@ class MosesBpeTokenizer(ConvertedTokenizer):
         }
         self._detokenizer = MosesDetokenizer(lang=target_language)
         self._pieces = {}
-        self._published_unknown = id_map.special["unknown"]
         # Detokenizing drops <s> too, as FSMT's `decode` does.
         self.published_special |= {
             self.target_vocabulary[token] for token in SPECIAL_TOKENS if token in self.target_vocabulary

@@ -176,6 +176,7 @@ def beam_search(
     if sentence_max_length is None:
         sentence_max_length = ops.full((batch_size,), max_length, dtype="int32")
     sentence_max_length = ops.cast(sentence_max_length, "int32")
+    forced = forced_tokens(forced_ids, force_eos, eos_id, sentence_max_length)
     # Scores can only fall to log P / lp(limit) for an alive hypothesis.
     best_possible_lp = length_penalty(sentence_max_length, alpha, penalty)  # [B]
 
@@ -262,10 +263,9 @@ def beam_search(
             )
         candidate_log_probs = ops.reshape(candidate_log_probs, (batch_size, -1))  # [B, K * V]
         top_log_probs, top_indices = top_k(candidate_log_probs, 2 * beam_size)
-        forced = forced_tokens(index, forced_ids, force_eos, eos_id, sentence_max_length)
         if forced is not None:
             top_log_probs, top_indices = _forced_extensions(
-                top_log_probs, top_indices, search["alive_log_probs"], vocabulary_size, *forced
+                top_log_probs, top_indices, search["alive_log_probs"], vocabulary_size, *forced(index)
             )
         top_beams = top_indices // vocabulary_size  # [B, 2K]
         top_tokens = ops.cast(top_indices % vocabulary_size, "int32")
@@ -420,6 +420,7 @@ def greedy_search(
     if sentence_max_length is None:
         sentence_max_length = ops.full((batch_size,), max_length, dtype="int32")
     sentence_max_length = ops.cast(sentence_max_length, "int32")
+    forced = forced_tokens(forced_ids, force_eos, eos_id, sentence_max_length)
     positions = ops.arange(max_length + 1, dtype="int32")
     ids = ops.where(
         ops.equal(positions, 0)[None, :],
@@ -459,10 +460,10 @@ def greedy_search(
             axis=-1,
         )  # [B]
         token_log_probs = best_logits - ops.logsumexp(logits, axis=-1)  # log softmax at the token
-        forced = forced_tokens(index, forced_ids, force_eos, eos_id, sentence_max_length)
         if forced is not None:
-            tokens = ops.where(forced[1], forced[0], tokens)
-            token_log_probs = ops.where(forced[1], 0.0, token_log_probs)
+            forced_token, forcing = forced(index)
+            tokens = ops.where(forcing, forced_token, tokens)
+            token_log_probs = ops.where(forcing, 0.0, token_log_probs)
         writing = ops.logical_and(
             ops.logical_not(finished), ops.less(index, sentence_max_length)
         )

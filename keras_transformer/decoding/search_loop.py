@@ -55,34 +55,33 @@ def top_k(scores, k, chunk_size=128):
     return values, ops.take_along_axis(indices, positions, axis=1)
 
 
-def forced_tokens(index, forced_ids, force_eos, eos_id, sentence_max_length):
-    """The token each sentence must take at step `index`, and whether it
-    must: `forced_ids[:, index]` while the forced prefix lasts (int `[B,
-    P]`, or None), then EOS at the sentence's limit with `force_eos` (the
-    last token a sentence may have, as transformers' `forced_eos_token_id`
-    forces it). None if nothing is ever forced.
+def forced_tokens(forced_ids, force_eos, eos_id, sentence_max_length):
+    """The tokens the search must take, as a function of the step:
+    `forced_ids[:, index]` while the forced prefix lasts (int `[B, P]`, or
+    None), then EOS at the sentence's limit with `force_eos` (the last
+    token a sentence may have, as transformers' `forced_eos_token_id`
+    forces it). Made once, before the loop; None if nothing is ever forced.
 
     Returns:
-        `(tokens [B], forcing [B] bool)`, or None.
+        None, or `at(index) -> (tokens [B], forcing [B] bool)`.
     """
     if forced_ids is None and not force_eos:
         return None
     batch_size = ops.shape(sentence_max_length)[0]
     # At least 0: a warm-up that never ends (EOS -1) still names a token.
     # (A sum, not `full`: under torch, `full` reads a tensor EOS to the host.)
-    tokens = ops.zeros((batch_size,), dtype="int32") + ops.cast(ops.maximum(eos_id, 0), "int32")
-    forcing = ops.zeros((batch_size,), dtype="bool")
-    if force_eos:
-        forcing = ops.greater_equal(index + 1, sentence_max_length)
-    if forced_ids is not None:
-        prefix_length = ops.shape(forced_ids)[1]
-        # A column past the prefix, so that `index` always names one.
-        padded = ops.concatenate([ops.cast(forced_ids, "int32"), ops.zeros((batch_size, 1), dtype="int32")], axis=1)
-        column = ops.take(padded, ops.minimum(index, prefix_length), axis=1)  # [B]
-        in_prefix = ops.less(index, prefix_length)
-        tokens = ops.where(in_prefix, column, tokens)
-        forcing = ops.logical_or(forcing, in_prefix)
-    return tokens, forcing
+    eos = ops.zeros((batch_size,), dtype="int32") + ops.cast(ops.maximum(eos_id, 0), "int32")
+    prefix_length = 0 if forced_ids is None else ops.shape(forced_ids)[1]
+    # The prefix, then a column past it, so that any step names one.
+    columns = eos[:, None] if forced_ids is None else ops.concatenate([ops.cast(forced_ids, "int32"), eos[:, None]], axis=1)
+    never = ops.zeros((batch_size,), dtype="bool")
+
+    def at(index):
+        tokens = ops.take(columns, ops.minimum(index, prefix_length), axis=1)  # [B]
+        at_limit = ops.greater_equal(index + 1, sentence_max_length) if force_eos else never
+        return tokens, ops.logical_or(ops.less(index, prefix_length), at_limit)
+
+    return at
 
 
 def check_prefix(prefix, vocabulary_size, max_extra_length):

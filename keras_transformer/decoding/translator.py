@@ -37,9 +37,6 @@ CONFIG_FILE = "translator.json"
 MODEL_FILE = "model.keras"
 
 
-# `with_search`'s default: this translator's own setting.
-KEEP = object()
-
 class Translator:
     """Translates text with a trained `Transformer` and its tokenizer.
 
@@ -146,6 +143,7 @@ class Translator:
         self.languages = check_pair(languages)
         self.target_prefix = check_prefix(target_prefix, model.vocabulary_size, max_extra_length)
         self.force_eos = bool(force_eos)
+        self._prefixed = {}  # target prefix text -> this translator with it (`with_target_prefix`)
         self.model = quantized(model, quantize) if quantize else model
         self.quantize = quantize
         self.tokenizer = tokenizer
@@ -230,10 +228,10 @@ class Translator:
         prefix = np.tile(np.array(self.target_prefix, "int32"), (len(source_ids), 1))
         return self._search(source_ids, limits, eos_id, prefix)
 
-    def with_search(self, beam_size=None, alpha=None, target_prefix=KEEP):
+    def with_search(self, beam_size=None, alpha=None, target_prefix=None):
         """This translator with another beam size, length penalty or target
-        prefix: the same model (quantized or not), tokenizer and other
-        settings."""
+        prefix (`[]` for none): the same model (quantized or not),
+        tokenizer and other settings."""
         other = Translator(
             self.model,
             self.tokenizer,
@@ -245,11 +243,18 @@ class Translator:
             jit_compile=self.jit_compile,
             length_penalty=self.length_penalty,
             languages=self.languages,
-            target_prefix=self.target_prefix if target_prefix is KEEP else target_prefix,
+            target_prefix=self.target_prefix if target_prefix is None else target_prefix,
             force_eos=self.force_eos,
         )
         other.quantize = self.quantize  # its model is this one's, already quantized
         return other
+
+    def with_target_prefix(self, text):
+        """This translator with `text`'s target pieces as its prefix, made
+        once per text, so that a prefix used again compiles nothing again."""
+        if text not in self._prefixed:
+            self._prefixed[text] = self.with_search(target_prefix=self.tokenizer.tokenize_target([text])[0])
+        return self._prefixed[text]
 
     def translate(self, texts, first_line=0, split_sentences=False, target_prefix=None):
         """Translates each string; returns a list of strings, aligned.
@@ -261,10 +266,9 @@ class Translator:
         (one longer than `max_source_length` in pieces, with a warning,
         not cut), and the string is put back together, its line breaks and
         spacing kept. `target_prefix`, a string, begins each translation
-        (`with_search` keeps a translator for one: this one compiles anew)."""
+        (`with_target_prefix`)."""
         if target_prefix is not None:
-            prefixed = self.with_search(target_prefix=self.tokenizer.tokenize_target([target_prefix])[0])
-            return prefixed.translate(texts, first_line, split_sentences)
+            return self.with_target_prefix(target_prefix).translate(texts, first_line, split_sentences)
         if split_sentences:
             return self._translate_sentences(check_texts(texts), first_line)
         return [hypotheses[0][0] for hypotheses in self.n_best(texts, first_line)]

@@ -12,8 +12,9 @@ that many wait, a batch still takes those that keep arriving, each within
 `BURST_GAP` of the last (clients that start together), up to the same
 deadline. A lone client's sentence, after a batch of one, waits that gap
 alone; a full batch (`translator.batch_size` sentences) does not wait. The
-`Translator` then sorts them by length into its own batches, padded to its buckets of source lengths and row counts, so that a
-compiled backend meets only the shapes `Translator.warm_up` compiled.
+`Translator` then sorts them by length into its own batches, padded to its
+buckets of source lengths and row counts, so that a compiled backend meets
+only the shapes `Translator.warm_up` compiled.
 """
 
 import asyncio
@@ -140,11 +141,11 @@ class Batcher:
             tokens += len(sentence.ids)
         return batch
 
-    def _enough(self, expected):
-        """Whether `expected` sentences wait, or a whole batch: the
-        translator's rows, or the token budget."""
+    def _full(self):
+        """Whether a whole batch waits: the translator's rows, or the token
+        budget."""
         rows = getattr(self.translator, "batch_size", None)
-        return (len(self._waiting) >= expected or rows is not None and len(self._waiting) >= rows
+        return (rows is not None and len(self._waiting) >= rows
                 or sum(len(sentence.ids) for sentence in self._waiting) >= self.max_tokens)
 
     async def _gather(self, free_since, expected):
@@ -153,8 +154,8 @@ class Batcher:
         `expected` sentences wait and no more arrive within `BURST_GAP`, or
         a whole batch waits."""
         deadline = max(self._waiting[0].arrived, free_since) + self.max_wait
-        while not self._enough(self.max_queue) and (left := deadline - time.perf_counter()) > 0:
-            if self._enough(expected):
+        while not self._full() and (left := deadline - time.perf_counter()) > 0:
+            if len(self._waiting) >= expected:
                 left = min(left, self.burst_gap)  # a burst still arriving
             try:
                 await asyncio.wait_for(self._arrived.wait(), left)
