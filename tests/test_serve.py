@@ -3,7 +3,6 @@
 
 import concurrent.futures
 import json
-import os
 import signal
 import threading
 import time
