@@ -262,7 +262,6 @@ def test_a_cancelled_request_s_sentences_are_not_decoded():
     assert asyncio.run(scenario()) == [(1, 3), (5, 6, 3)]
 
 
-@in_one_pass("torch", "the batcher's host code, the same under every backend")
 class SlowTranslator:
     """A translator that takes `seconds` a batch and notes each batch's
     sentences by their first id."""
@@ -276,6 +275,7 @@ class SlowTranslator:
         return [([ids], [0.0]) for ids in sources]
 
 
+@in_one_pass("torch", "the batcher's host code, the same under every backend")
 def test_a_batch_waits_for_as_many_sentences_as_the_last_from_when_the_decoder_is_free():
     """After a batch of two, a sentence that waited through it waits
     `max_wait` more for a second (its clients, just answered), so they share
@@ -311,6 +311,7 @@ def test_a_batch_waits_for_as_many_sentences_as_the_last_from_when_the_decoder_i
     assert full < 0.3 + 0.15 and again < 0.3 + 0.15 < alone
 
 
+@in_one_pass("torch", "the batcher's host code, the same under every backend")
 def test_a_burst_of_clients_shares_one_batch_though_the_last_batch_was_one_sentence():
     """Clients that start together send within milliseconds of each other:
     after a batch of one, the sentences that keep arriving within the gap
@@ -334,3 +335,28 @@ def test_a_burst_of_clients_shares_one_batch_though_the_last_batch_was_one_sente
         return translator.batches
 
     assert asyncio.run(scenario()) == [[1], [2, 3, 4, 5], [6]]
+
+
+@in_one_pass("torch", "the batcher's host code, the same under every backend")
+def test_a_burst_s_gap_grows_with_the_last_batch_s_decoding_time():
+    """Sentences 2 ms apart, further apart than `burst_gap`, still share a
+    batch when the last batch took 0.6 s: each may wait 1% of that (6 ms)
+    for the next, rather than miss the batch and wait all of it."""
+    import asyncio
+
+    from keras_transformer.serving.batcher import Batcher
+
+    async def scenario():
+        translator = SlowTranslator(batch_size=8, seconds=0.6)
+        batcher = Batcher(translator, max_wait=1.0, burst_gap=0.0005)
+        batcher.start()
+        await batcher.search([[1, 3]])  # a batch of one, 0.6 s long
+        burst = []
+        for token in (2, 3, 4, 5):
+            burst.append(asyncio.ensure_future(batcher.search([[token, 3]])))
+            await asyncio.sleep(0.002)
+        await asyncio.gather(*burst)
+        await batcher.stop()
+        return translator.batches
+
+    assert asyncio.run(scenario()) == [[1], [2, 3, 4, 5]]

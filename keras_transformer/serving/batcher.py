@@ -9,9 +9,11 @@ of the last batch. The clients a batch answered send their next sentences
 within milliseconds: a batch that started without them would leave them to
 wait a whole batch, and batches would alternate large and small. Once
 that many wait, a batch still takes those that keep arriving, each within
-`BURST_GAP` of the last (clients that start together), up to the same
-deadline. A lone client's sentence, after a batch of one, waits that gap
-alone; a full batch (`translator.batch_size` sentences) does not wait. The
+a gap of the last (clients that start together), up to the same deadline:
+`BURST_GAP`, or `BURST_SHARE` of the last batch's decoding time if longer,
+since a sentence that misses a batch waits all of it. A lone client's
+sentence, after a batch of one, waits that gap alone; a full batch
+(`translator.batch_size` sentences) does not wait. The
 `Translator` then sorts them by length into its own batches, padded to its
 buckets of source lengths and row counts, so that a compiled backend meets
 only the shapes `Translator.warm_up` compiled.
@@ -27,6 +29,10 @@ import time
 # A batch that has the sentences it waited for still takes one that
 # arrives this soon after the last: a burst goes in one batch, not two.
 BURST_GAP = 0.002  # seconds
+# ... or this share of the last batch's decoding time, if longer: new
+# clients' first sentences come some milliseconds apart, and one that
+# misses a batch waits all of it, while the gap costs the batch 1%.
+BURST_SHARE = 0.01
 
 
 class QueueFull(Exception):
@@ -57,7 +63,7 @@ class Batcher:
         across_requests: False to decode each request's sentences on their
             own, one request after another (batching off, for comparison).
         burst_gap: seconds within which a sentence still joins a batch that
-            has the sentences it waited for.
+            has the sentences it waited for (at least; see `BURST_SHARE`).
     """
 
     def __init__(self, translator, max_tokens=4096, max_wait=0.05, max_queue=1024, metrics=None, executor=None,
@@ -75,6 +81,7 @@ class Batcher:
         self.metrics = metrics
         self.across_requests = across_requests
         self._waiting = collections.deque()
+        self._last_seconds = 0.0  # the last batch's decoding time
         self._arrived = None  # an asyncio.Event, made on the loop that serves
         self._worker = None
         # One thread decodes: the backend's own threads use every core.
@@ -151,12 +158,12 @@ class Batcher:
     async def _gather(self, free_since, expected):
         """Waits up to `max_wait` from the later of the first waiting
         sentence's arrival and `free_since` for more to join, until
-        `expected` sentences wait and no more arrive within `BURST_GAP`, or
-        a whole batch waits."""
+        `expected` sentences wait and no more arrive within the burst's gap,
+        or a whole batch waits."""
         deadline = max(self._waiting[0].arrived, free_since) + self.max_wait
         while not self._full() and (left := deadline - time.perf_counter()) > 0:
             if len(self._waiting) >= expected:
-                left = min(left, self.burst_gap)  # a burst still arriving
+                left = min(left, max(self.burst_gap, BURST_SHARE * self._last_seconds))  # a burst still arriving
             try:
                 await asyncio.wait_for(self._arrived.wait(), left)
             except TimeoutError:
@@ -191,5 +198,6 @@ class Batcher:
                     sentence.future.set_result(result)
             # Its clients, answered, will likely send as many again.
             free_since, expected = time.perf_counter(), len(batch)
+            self._last_seconds = free_since - started
             if self.metrics is not None:
                 self.metrics.batch(len(batch), free_since - started)
