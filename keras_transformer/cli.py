@@ -366,7 +366,8 @@ def _log(line):
 def convert(args):
     from keras_transformer.convert import convert as convert_checkpoint
 
-    translator = convert_checkpoint(args.source, args.output, dtype=args.dtype)
+    translator = convert_checkpoint(args.source, args.output, dtype=args.dtype, source_language=args.source_language,
+                                    target_language=args.target_language)
     model = translator.model
     _log(
         f"converted {args.source} into {args.output}: {model.num_layers}+{model.num_layers} blocks, d_model "
@@ -416,9 +417,13 @@ def main(argv=None):
     command.add_argument("--output", required=True, help="the .keras file to write (a run's model.keras to translate with it)")
     command.set_defaults(run=average)
 
-    command = add_command("convert", help="a published translator (OPUS-MT, fairseq's WMT models) as a translator directory")
+    command = add_command("convert", help="a published translator (OPUS-MT, fairseq's WMT models, M2M-100, NLLB-200) "
+                          "as a translator directory")
     command.add_argument("source", help="a Hugging Face model directory, a fairseq checkpoint directory, or a hub id")
     command.add_argument("--output", required=True, metavar="DIR", help="the new translator directory")
+    for side, example in (("source", "eng_Latn, en"), ("target", "deu_Latn, de")):
+        command.add_argument(f"--{side}-language", metavar="CODE", help=f"M2M-100 and NLLB-200: the {side} language, "
+                             f"in the model's codes ({example})")
     command.add_argument("--dtype", choices=["float32", "mixed_bfloat16", "mixed_float16"], help="precision (default float32)")
     command.set_defaults(run=convert)
 

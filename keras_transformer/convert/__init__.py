@@ -6,8 +6,9 @@ writes a translator directory, as `train` does, that `translate`,
 `evaluate`, `tune`, `export`, `train --init-from` and `Translator.load`
 use under every backend. One module per family reads its config, weights
 and tokenizer into a `pipeline.Conversion`: `marian` (OPUS-MT), `fsmt`
-(fairseq's WMT19 models in transformers' layout) and `fairseq` (fairseq's
-own checkpoints), the last two through `fairseq_transformer`;
+(fairseq's WMT19 models in transformers' layout), `fairseq` (fairseq's
+own checkpoints) and `m2m100` (M2M-100 and NLLB-200), the last three
+through `fairseq_transformer`;
 `pipeline.build` makes, checks and saves every translator alike.
 """
 
@@ -30,8 +31,15 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 # The families by what identifies them: transformers' `model_type`, or
 # "fairseq" for a directory with `model.pt`; each its converter's module.
-FAMILIES = {"marian": "marian", "fsmt": "fsmt", "fairseq": "fairseq"}
-TRANSFORMERS_TYPES = ("fsmt", "marian")
+FAMILIES = {"marian": "marian", "fsmt": "fsmt", "fairseq": "fairseq", "m2m_100": "m2m100"}
+TRANSFORMERS_TYPES = ("fsmt", "m2m_100", "marian")
+# The families whose checkpoints translate between many languages.
+MULTILINGUAL = {"m2m100": "M2M-100 and NLLB-200"}
+# Published types that are not this architecture, and why.
+OTHER_ARCHITECTURES = {
+    "nllb-moe": "NLLB-MoE replaces feed-forward networks with mixtures of experts, which this package does not "
+                "have; its dense models (facebook/nllb-200-distilled-600M, -1.3B, -3.3B) convert",
+}
 
 
 def families():
@@ -49,6 +57,8 @@ def family_of(directory):
         model_type = read_json_object(config_path).get("model_type")
         if model_type in TRANSFORMERS_TYPES:
             return _converter(model_type)
+        if model_type in OTHER_ARCHITECTURES:
+            raise ConversionError(f"{config_path} describes a model of type {model_type!r}: {OTHER_ARCHITECTURES[model_type]}.")
         raise ConversionError(
             f"{config_path} describes a model of type {model_type!r}. Supported: "
             f"{list(TRANSFORMERS_TYPES)} (transformers' layout), or a fairseq directory with model.pt."
@@ -77,7 +87,7 @@ def download(hub_id):
         raise ConversionError(f"{hub_id!r} could not be downloaded: {str(error).splitlines()[0]}") from None
 
 
-def convert(source, output, dtype=None):
+def convert(source, output, dtype=None, source_language=None, target_language=None):
     """Converts a published translator into a translator directory.
 
     Args:
@@ -87,6 +97,9 @@ def convert(source, output, dtype=None):
             `bpecodes`), or a hub id such as "Helsinki-NLP/opus-mt-en-de".
         output: the new directory; nothing is left there if it fails.
         dtype: the dtype policy of the model, such as "mixed_bfloat16".
+        source_language, target_language: a multilingual model's pair, in
+            its codes ("eng_Latn" and "deu_Latn" for NLLB-200, "en" and
+            "de" for M2M-100); a translator of one pair takes none.
 
     Returns:
         The `Translator`, as `Translator.load(output)` would give it.
@@ -100,6 +113,12 @@ def convert(source, output, dtype=None):
             )
         directory = download(directory)
     family = family_of(directory)
+    languages = {name: code for name, code in (("source_language", source_language),
+                                               ("target_language", target_language)) if code is not None}
+    if languages and family.__name__.rpartition(".")[2] not in MULTILINGUAL:
+        raise ConversionError(
+            f"{directory} translates one pair; languages are chosen for {', '.join(MULTILINGUAL.values())} only."
+        )
     # Its kernels lie in memory as Translator.load lays them (backend/layouts.py).
     with output_directory(output) as temporary, layouts.linear_order():
-        return build(family.read(directory), temporary, dtype)
+        return build(family.read(directory, **languages), temporary, dtype)

@@ -15,6 +15,7 @@ CONVERTED_FILE = "tokenizer.json"
 KINDS = {
     "marian": ("keras_transformer.data.marian_tokenizer", "MarianTokenizer"),
     "moses_bpe": ("keras_transformer.data.moses_bpe", "MosesBpeTokenizer"),
+    "multilingual": ("keras_transformer.data.multilingual_tokenizer", "MultilingualTokenizer"),
 }
 
 

@@ -143,7 +143,7 @@ class Translator:
         self.languages = check_pair(languages)
         self.target_prefix = check_prefix(target_prefix, model.vocabulary_size, max_extra_length)
         self.force_eos = bool(force_eos)
-        self._prefixed = {}  # target prefix text -> this translator with it (`with_target_prefix`)
+        self._prefixed = {}  # prefix text or pair -> this translator with it (`with_target_prefix`, `with_languages`)
         self.model = quantized(model, quantize) if quantize else model
         self.quantize = quantize
         self.tokenizer = tokenizer
@@ -233,18 +233,11 @@ class Translator:
         prefix (`[]` for none): the same model (quantized or not),
         tokenizer and other settings."""
         other = Translator(
-            self.model,
-            self.tokenizer,
-            beam_size=self.beam_size if beam_size is None else beam_size,
-            alpha=self.alpha if alpha is None else alpha,
-            max_extra_length=self.max_extra_length,
-            max_source_length=self.max_source_length,
-            batch_size=self.batch_size,
-            jit_compile=self.jit_compile,
-            length_penalty=self.length_penalty,
-            languages=self.languages,
+            self.model, self.tokenizer, beam_size=self.beam_size if beam_size is None else beam_size,
+            alpha=self.alpha if alpha is None else alpha, max_extra_length=self.max_extra_length,
+            max_source_length=self.max_source_length, batch_size=self.batch_size, jit_compile=self.jit_compile,
+            length_penalty=self.length_penalty, languages=self.languages, force_eos=self.force_eos,
             target_prefix=self.target_prefix if target_prefix is None else target_prefix,
-            force_eos=self.force_eos,
         )
         other.quantize = self.quantize  # its model is this one's, already quantized
         return other
@@ -255,6 +248,20 @@ class Translator:
         if text not in self._prefixed:
             self._prefixed[text] = self.with_search(target_prefix=self.tokenizer.tokenize_target([text])[0])
         return self._prefixed[text]
+
+    def with_languages(self, source_language=None, target_language=None):
+        """This translator for another pair of a multilingual model's
+        languages (None keeps a side's): the source language's token begins
+        each source, and the target language's each output. Made once per pair."""
+        if not hasattr(self.tokenizer, "with_languages"):
+            raise ValueError(f"This translator translates {self.languages or 'one pair'} only; languages are chosen "
+                             "for multilingual models (M2M-100, NLLB-200).")
+        tokenizer = self.tokenizer.with_languages(source_language, target_language)
+        pair = (tokenizer.source_language, tokenizer.target_language)
+        if pair not in self._prefixed:
+            self._prefixed[pair] = other = self.with_search(target_prefix=tokenizer.tokenize_target(""))
+            other.tokenizer, other.languages = tokenizer, check_pair(pair)
+        return self._prefixed[pair]
 
     def translate(self, texts, first_line=0, split_sentences=False, target_prefix=None):
         """Translates each string; returns a list of strings, aligned.
@@ -381,11 +388,9 @@ class Translator:
         for i, ids in zip(lines, tokenized):
             if len(ids) + 1 > self.max_source_length:
                 warnings.warn(
-                    f"Line {first_line + i + 1} (texts[{i}]) has {len(ids)} subword tokens, more than "
-                    f"max_source_length={self.max_source_length} allows "
-                    f"(EOS included); translating its first "
-                    f"{self.max_source_length - 1} tokens only.",
-                    stacklevel=4,
+                    f"Line {first_line + i + 1} (texts[{i}]) has {len(ids)} subword tokens, more than max_source_length="
+                    f"{self.max_source_length} allows (EOS included); translating its first {self.max_source_length - 1} "
+                    "tokens only.", stacklevel=4,
                 )
                 ids = ids[: self.max_source_length - 1]
             sources[i] = ids + [self.tokenizer.eos_id]
@@ -417,14 +422,8 @@ class Translator:
         return [self.tokenizer.detokenize(row) for row in rows]
 
     def get_config(self):
-        return {
-            "beam_size": self.beam_size,
-            "alpha": self.alpha,
-            "length_penalty": self.length_penalty,
-            "max_extra_length": self.max_extra_length,
-            "max_source_length": self.max_source_length,
-            "batch_size": self.batch_size,
-            "quantize": self.quantize,
+        names = ("beam_size", "alpha", "length_penalty", "max_extra_length", "max_source_length", "batch_size", "quantize")
+        return {name: getattr(self, name) for name in names} | {
             "languages": None if self.languages is None else list(self.languages),
             "target_prefix": self.target_prefix or None,
             "force_eos": self.force_eos,
