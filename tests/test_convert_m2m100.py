@@ -138,3 +138,12 @@ def test_unknown_codes_a_moe_checkpoint_and_a_bad_prefix_say_what_was_found(conv
     (moe / "config.json").write_text(json.dumps(config))
     with pytest.raises(ConversionError, match="'nllb-moe': NLLB-MoE .* mixtures of experts"):
         convert(moe, tmp_path / "moe_out")
+
+
+def test_export_says_why_a_multilingual_translator_does_not_export_yet(converted, tmp_path):
+    from keras_transformer.export import export_saved_model
+
+    *_, root = converted
+    with pytest.raises(ValueError, match="multilingual translator .* needs its languages with each request"):
+        export_saved_model(Translator.load(root / "ours"), tmp_path / "exported")
+    assert not os.path.exists(tmp_path / "exported")

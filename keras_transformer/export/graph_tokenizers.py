@@ -27,6 +27,12 @@ def graph_tokenizer(tokenizer):
         return SubwordGraphTokenizer(tokenizer)
     if isinstance(tokenizer, MarianTokenizer):
         return MarianGraphTokenizer(tokenizer)
+    if hasattr(tokenizer, "with_languages"):
+        raise ValueError(
+            "export's signatures take text alone, and a multilingual translator (M2M-100, NLLB-200) needs its "
+            "languages with each request, which they do not take yet; serve it with `keras-transformer serve` "
+            "or Translator in Python."
+        )
     raise ValueError(
         f"export runs the tokenizer inside the graph, and a {type(tokenizer).__name__} has no TensorFlow op "
         "(Moses tokenization is Python). Expected our SentencePiece vocabulary or a converted Marian "
