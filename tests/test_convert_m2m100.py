@@ -9,6 +9,7 @@ import os
 import keras
 import numpy as np
 import pytest
+from conftest import in_one_pass
 
 from m2m100_fixtures import EOS
 from m2m100_fixtures import m2m100_directory
@@ -140,10 +141,24 @@ def test_unknown_codes_a_moe_checkpoint_and_a_bad_prefix_say_what_was_found(conv
         convert(moe, tmp_path / "moe_out")
 
 
-def test_export_says_why_a_multilingual_translator_does_not_export_yet(converted, tmp_path):
+
+@in_one_pass("tensorflow", "the export is a TensorFlow graph under every backend (a TensorFlow process exports for the others)")
+def test_the_export_takes_each_text_s_languages_and_translates_as_the_translator_does(converted, tmp_path):
+    import tensorflow as tf
+
     from keras_transformer.export import export_saved_model
 
-    *_, root = converted
-    with pytest.raises(ValueError, match="multilingual translator .* needs its languages with each request"):
-        export_saved_model(Translator.load(root / "ours"), tmp_path / "exported")
-    assert not os.path.exists(tmp_path / "exported")
+    kind, _, _, translator, _ = converted
+    (source, target), (other_source, other_target) = PAIRS[kind]
+    texts = SENTENCES + ["", "  Two  spaces, ünïcödé. "]
+    export_saved_model(translator, tmp_path / "exported")
+    serve = tf.saved_model.load(str(tmp_path / "exported")).signatures["serving_default"]
+    for pair, codes in (((source, target), ("", "")), ((source, target), (source, target)),
+                        ((other_source, other_target), (other_source, other_target))):
+        served = serve(text=tf.constant(texts), source_language=tf.constant([codes[0]] * len(texts)),
+                       target_language=tf.constant([codes[1]] * len(texts)))
+        ours = translator.with_languages(*pair)
+        assert [text.decode() for text in served["translation"].numpy()] == ours.translate(texts), pair
+        np.testing.assert_allclose(served["score"].numpy(), [h[0][1] for h in ours.n_best(texts)], atol=1e-4)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="Unknown language code"):
+        serve(text=tf.constant(["A dog."]), source_language=tf.constant([source]), target_language=tf.constant(["xx_Yyyy"]))

@@ -3,8 +3,9 @@
 Our vocabulary runs through tensorflow-text's SentencePiece op. Marian's
 (a converted OPUS-MT translator) runs its source SentencePiece model
 through the same op and maps SentencePiece's ids to Marian's, and Marian's
-to ours, with constant tables. A tokenizer with no TensorFlow op (fairseq's
-Moses) is refused in one line.
+to ours, with constant tables; M2M-100's and NLLB-200's likewise, after
+the token of a language that each request names. A tokenizer with no
+TensorFlow op (fairseq's Moses) is refused in one line.
 """
 
 import json
@@ -14,6 +15,8 @@ import tensorflow as tf
 import tensorflow_text
 
 from keras_transformer.data.marian_tokenizer import MarianTokenizer
+from keras_transformer.data.multilingual_tokenizer import SPM
+from keras_transformer.data.multilingual_tokenizer import MultilingualTokenizer
 from keras_transformer.data.tokenizer import SPACE_MARK
 from keras_transformer.data.tokenizer import SubwordTokenizer
 
@@ -27,12 +30,8 @@ def graph_tokenizer(tokenizer):
         return SubwordGraphTokenizer(tokenizer)
     if isinstance(tokenizer, MarianTokenizer):
         return MarianGraphTokenizer(tokenizer)
-    if hasattr(tokenizer, "with_languages"):
-        raise ValueError(
-            "export's signatures take text alone, and a multilingual translator (M2M-100, NLLB-200) needs its "
-            "languages with each request, which they do not take yet; serve it with `keras-transformer serve` "
-            "or Translator in Python."
-        )
+    if isinstance(tokenizer, MultilingualTokenizer):
+        return MultilingualGraphTokenizer(tokenizer)
     raise ValueError(
         f"export runs the tokenizer inside the graph, and a {type(tokenizer).__name__} has no TensorFlow op "
         "(Moses tokenization is Python). Expected our SentencePiece vocabulary or a converted Marian "
@@ -133,3 +132,71 @@ class MarianGraphTokenizer(tf.Module):
         pieces = tf.gather(self.target_pieces, tf.ragged.boolean_mask(ids, ids > MarianTokenizer.eos_id))
         text = tf.strings.regex_replace(tf.strings.reduce_join(pieces, axis=-1), SPACE_MARK, " ")
         return tf.strings.strip(text)
+
+
+class MultilingualGraphTokenizer(tf.Module):
+    """M2M-100's and NLLB-200's: the language's token, then the SentencePiece
+    model's pieces numbered by `vocabulary.json` and mapped to ours (and
+    NLLB's piece for a space at the end). A request names its languages
+    per text; "" keeps the translator's pair."""
+
+    def __init__(self, tokenizer):
+        super().__init__()
+        self.files = dict(tokenizer.files) | {"tokenizer.json": json.dumps(tokenizer.get_config()).encode()}
+        self.op = tensorflow_text.SentencepieceTokenizer(model=self.files[SPM], out_type=tf.int32)
+        # Pieces as the text spells them (an unknown one too), for the space at the end.
+        self.spelled = tensorflow_text.SentencepieceTokenizer(model=self.files[SPM], out_type=tf.string)
+        processor = sentencepiece.SentencePieceProcessor(model_proto=self.files[SPM])
+        self.source_pieces = [processor.id_to_piece(i) for i in range(processor.vocab_size())]
+        id_map, vocabulary, unknown = tokenizer.id_map, tokenizer.vocabulary, tokenizer.id_map.special["unknown"]
+        self.ours_of_piece = tf.constant(id_map.to_ours([vocabulary.get(p, unknown) for p in self.source_pieces]), tf.int32)
+        self.trailing_space = tokenizer.trailing_space
+        self.space_id = id_map.to_ours([vocabulary.get(SPACE_MARK, unknown)])[0]
+        self.codes = list(tokenizer.languages)
+        language_ids = id_map.to_ours([vocabulary[tokenizer.languages[code]] for code in self.codes])
+        self.language_ids = tf.lookup.StaticHashTable(
+            tf.lookup.KeyValueTensorInitializer(tf.constant(self.codes), tf.constant(language_ids, tf.int32)), -1
+        )
+        self.pair = (tokenizer.source_language, tokenizer.target_language)
+        # Our id -> its target piece; special ids, language tokens and ids
+        # past the vocabulary (a config's spare rows) have none.
+        dropped = set(language_ids) | set(range(4))
+        spelled = {i: piece for piece, i in vocabulary.items()}
+        published = id_map.to_published(range(tokenizer.vocabulary_size))
+        self.target_pieces = tf.constant(["" if i in dropped else spelled.get(p, "") for i, p in enumerate(published)])
+
+    def assets(self):
+        return self.files
+
+    def pieces(self):
+        return self.source_pieces + self.codes
+
+    def language_id(self, codes, side):
+        """Our ids of the tokens of `codes` (string `[batch]`; "" for the
+        translator's `side`, 0 source or 1 target); an unknown code fails
+        the request."""
+        ids = self.language_ids.lookup(tf.where(codes == "", self.pair[side], codes))
+        known = tf.debugging.assert_non_negative(
+            ids, message=f"Unknown language code: the model's are {', '.join(self.codes[:8])}, ... (assets/tokenizer.json)"
+        )
+        with tf.control_dependencies([known]):
+            return tf.identity(ids)
+
+    def tokenize(self, text, source_language=None):
+        ids = tf.gather(self.ours_of_piece, self.op.tokenize(text))
+        written = text != ""
+        if self.trailing_space:  # a space mark before a letter put after the text: it ended in a space
+            marked = tf.strings.reduce_join(self.spelled.tokenize(text + "x"), axis=-1)
+            ends = written & tf.strings.regex_full_match(marked, f"(?s).*{SPACE_MARK}x")
+            ids = tf.concat([ids, _one_where(ends, tf.fill(tf.shape(text), self.space_id))], axis=1)
+        codes = tf.fill(tf.shape(text), "") if source_language is None else source_language
+        return tf.concat([_one_where(written, self.language_id(codes, 0)), ids], axis=1)
+
+    def detokenize(self, ids):
+        pieces = tf.gather(self.target_pieces, ids)
+        return tf.strings.strip(tf.strings.regex_replace(tf.strings.reduce_join(pieces, axis=-1), SPACE_MARK, " "))
+
+
+def _one_where(condition, values):
+    """A ragged `[batch, 0 or 1]`: `values[i]` where `condition[i]`."""
+    return tf.RaggedTensor.from_row_lengths(tf.boolean_mask(values, condition), tf.cast(condition, tf.int64))

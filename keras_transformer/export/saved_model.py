@@ -183,7 +183,8 @@ def _settings(translator, graph_tokens, max_request_tokens, max_request_rows):
         "bos_id": tokenizer.bos_id,
         "eos_id": tokenizer.eos_id,
         "signatures": {
-            TEXT_SIGNATURE: "text -> translation, score",
+            TEXT_SIGNATURE: ("text, source_language, target_language" if hasattr(graph_tokens, "language_ids") else "text")
+            + " -> translation, score",
             IDS_SIGNATURE: "source_ids -> target_ids, score",
         },
     }
@@ -214,10 +215,9 @@ def _serving_module(translator, graph_tokens, asset_files, settings_file, max_re
     module.tokenizer_files = [tf.saved_model.Asset(path) for path in asset_files]
     module.settings = tf.saved_model.Asset(settings_file)
 
-    def search(source_ids, sentence_max_length):
-        # The translator's target prefix begins every output, as in `Translator`.
-        prefix = translator.target_prefix
-        forced_ids = tf.tile(tf.constant([prefix], tf.int32), [tf.shape(source_ids)[0], 1]) if prefix else None
+    prefix = translator.target_prefix
+
+    def search(source_ids, sentence_max_length, forced_ids):
         ids, scores = search_translations(
             model,
             source_ids,
@@ -233,9 +233,12 @@ def _serving_module(translator, graph_tokens, asset_files, settings_file, max_re
         )
         return ids[:, 0], scores[:, 0]
 
-    def translate_rows(source_ids):
+    def translate_rows(source_ids, languages=None):
         """Best target ids `[batch, length]` (0-padded) and scores of ragged
-        source ids without EOS; rows without ids get no ids and score 0."""
+        source ids without EOS; rows without ids get no ids and score 0.
+        The translator's target prefix begins every output, as in
+        `Translator`; `languages`, our ids of each row's target language
+        token, replace its first id."""
         batch_size = source_ids.nrows(out_type=tf.int32)
         rows = tf.cast(tf.where(source_ids.row_lengths() > 0)[:, 0], tf.int32)
         count = tf.size(rows)
@@ -270,9 +273,13 @@ def _serving_module(translator, graph_tokens, asset_files, settings_file, max_re
         dense = sources.to_tensor(0, shape=tf.stack([count, width]))
         # "input length + max_extra_length": the tokens before EOS.
         limits = lengths - 1 + translator.max_extra_length
+        forced = tf.tile(tf.constant([prefix], tf.int32), [count, 1]) if prefix else None
+        if languages is not None:  # each row's language token, then the rest of the prefix
+            rest = tf.zeros([count, 0], tf.int32) if forced is None else forced[:, 1:]
+            forced = tf.concat([tf.gather(languages, rows)[:, None], rest], axis=1)
         ids, scores = tf.cond(
             count > 0,
-            lambda: search(dense, limits),
+            lambda: search(dense, limits, forced),
             lambda: (tf.zeros([0, 1], tf.int32), tf.zeros([0], tf.float32)),
         )
         before_eos = tf.cumsum(tf.cast(ids == eos_id, tf.int32), axis=1) == 0
@@ -285,10 +292,7 @@ def _serving_module(translator, graph_tokens, asset_files, settings_file, max_re
         scores = tf.scatter_nd(rows, tf.cast(scores, tf.float32), [batch_size])
         return target_ids, scores
 
-    @tf.function(
-        input_signature=[tf.TensorSpec([None], tf.string, name="text")], autograph=False
-    )
-    def translate_text(text):
+    def text_to_translation(text, *languages):
         # Cut before tokenizing, so a huge string costs no more than a long
         # one; a character cut in two becomes U+FFFD below.
         text = tf.strings.substr(text, 0, byte_limit, unit="BYTE")
@@ -297,10 +301,17 @@ def _serving_module(translator, graph_tokens, asset_files, settings_file, max_re
         )
         # A blank line becomes "", which has no ids and so no translation.
         text = tf.where(tf.strings.regex_full_match(text, _BLANK), "", text)
-        source_ids = module.tokenizer.tokenize(text)
-        target_ids, scores = translate_rows(source_ids)
+        source_ids = module.tokenizer.tokenize(text, *languages[:1])
+        target_ids, scores = translate_rows(source_ids, *(module.tokenizer.language_id(code, 1) for code in languages[1:]))
         translation = module.tokenizer.detokenize(tf.RaggedTensor.from_tensor(target_ids, padding=0))
         return {"translation": translation, "score": scores}
+
+    # A multilingual translator's requests name each text's languages.
+    inputs = ["text"] + (["source_language", "target_language"] if hasattr(graph_tokens, "language_ids") else [])
+    translate_text = tf.function(
+        text_to_translation, input_signature=[tf.TensorSpec([None], tf.string, name=name) for name in inputs],
+        autograph=False,
+    )
 
     @tf.function(
         input_signature=[tf.TensorSpec([None, None], tf.int32, name="source_ids")],
