@@ -235,7 +235,7 @@ def test_bad_checkpoints_say_what_was_found(tmp_path):
         convert(tmp_path / "hf", tmp_path / "out")
     assert not os.path.exists(tmp_path / "out")
     _edit_config(tmp_path / "hf", activation_function="swish", model_type="bart")
-    with pytest.raises(ConversionError, match="type 'bart'. Supported: \\['fsmt', 'marian'\\]"):
+    with pytest.raises(ConversionError, match="type 'bart'. Supported: \\['fsmt', 'm2m_100', 'marian'\\]"):
         convert(tmp_path / "hf", tmp_path / "out")
     _edit_config(tmp_path / "hf", model_type="marian", d_model=48)
     with pytest.raises(ConversionError, match="has shape .* expected"):

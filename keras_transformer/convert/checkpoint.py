@@ -3,6 +3,7 @@ tensors as NumPy, the options our model shares with BART-like models, the
 search, and a translator directory that a failed conversion leaves
 empty."""
 
+import collections.abc
 import contextlib
 import json
 import os
@@ -129,9 +130,12 @@ def read_tensors(directory):
             f"{directory} has no weights. Expected model.safetensors, pytorch_model.bin, or either's shards "
             "and index (model.safetensors.index.json)."
         )
+    paths = [os.path.join(directory, name) for name in shards(directory, found)]
+    if found.startswith("model.safetensors"):
+        return Tensors(SafetensorsFiles(paths), directory)
     tensors = {}
-    for name in shards(directory, found):
-        tensors |= read_weight_file(os.path.join(directory, name))
+    for path in paths:
+        tensors |= read_torch_file(path)
     return Tensors({name: np.asarray(value, np.float32) for name, value in tensors.items()}, directory)
 
 
@@ -150,16 +154,35 @@ def shards(directory, name):
     return files
 
 
-def read_weight_file(path):
-    """A safetensors or torch file's tensors, by name."""
-    if not path.endswith(".safetensors"):
-        return read_torch_file(path)
-    from safetensors.numpy import load_file
+class SafetensorsFiles(collections.abc.Mapping):
+    """The tensors of safetensors files by name, each read as float32 when
+    it is asked for: a conversion holds the tensors it is converting, not
+    the whole checkpoint beside the model it fills."""
 
-    try:
-        return load_file(path)
-    except Exception as error:  # noqa: BLE001 - any unreadable file
-        raise ConversionError(f"{path} cannot be read as safetensors ({error}).") from None
+    def __init__(self, paths):
+        from safetensors import safe_open
+
+        self.files = {}
+        for path in paths:
+            try:
+                handle = safe_open(path, framework="np")
+                names = list(handle.keys())
+            except Exception as error:  # noqa: BLE001 - any unreadable file
+                raise ConversionError(f"{path} cannot be read as safetensors ({error}).") from None
+            self.files |= dict.fromkeys(names, (handle, path))
+
+    def __getitem__(self, name):
+        handle, path = self.files[name]
+        try:
+            return np.asarray(handle.get_tensor(name), np.float32)
+        except Exception as error:  # noqa: BLE001 - a truncated or unreadable tensor
+            raise ConversionError(f"{path}: the tensor {name!r} cannot be read ({error}).") from None
+
+    def __iter__(self):
+        return iter(self.files)
+
+    def __len__(self):
+        return len(self.files)
 
 
 def load_torch(path, safe_classes=(), expected="a dictionary of tensors"):

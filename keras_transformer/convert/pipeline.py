@@ -74,7 +74,9 @@ def build(conversion, output, dtype=None):
 
 def assign(model, weights, source):
     """Sets every weight of `model` from `weights` (by variable path),
-    checking that each exists with our shape and none is left over."""
+    checking that each exists with our shape and none is left over. Each
+    value leaves `weights` as it is set, so that the two are not held whole
+    at once."""
     variables = {variable.path: variable for variable in model.weights}
     missing = sorted(set(variables) - set(weights))
     if missing:
@@ -83,12 +85,12 @@ def assign(model, weights, source):
     if unused:
         raise ConversionError(f"Converting {source} gave {unused[0]}, which the model does not have.")
     for path, variable in variables.items():
-        value = np.asarray(weights[path])
+        value = np.asarray(weights.pop(path))
         if tuple(value.shape) != tuple(variable.shape):
             raise ConversionError(
                 f"{source}: the tensor for {path} has shape {tuple(value.shape)}; expected {tuple(variable.shape)}."
             )
-        variable.assign(value.astype(variable.dtype))
+        variable.assign(value.astype(variable.dtype, copy=False))
 
 
 def logits_bias(ids, published):
