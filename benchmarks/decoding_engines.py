@@ -76,6 +76,11 @@ milliseconds and total seconds, and ours' milliseconds over CTranslate2's
 at p50 and p99, precision for precision (below 1: ours answers sooner).
 Without `--batch-sizes`, `--latency` runs alone, without the batches.
 
+`--converted --convert-memory` measures `convert` itself: a child process
+imports the package, reads its resident memory, converts the random
+OPUS-MT-size checkpoint (safetensors), and reports its peak resident memory
+above that, over the model's float32 size (parameters x 4 bytes).
+
 `--torch-paths` (Keras's torch backend) times what each of the package's
 torch-only decoding paths buys, in the process settings `translate` runs
 with: the same search with one path switched off at a time. Under torch a
@@ -880,6 +885,38 @@ def run_engines(args, sentences=None):
     return results
 
 
+# `--convert-memory`'s child: convert argv[1] into argv[2], print the peak.
+CONVERT_MEMORY = """
+import json, resource, sys
+def resident():
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))
+from keras_transformer.convert import convert
+before = resident()
+translator = convert(sys.argv[1], sys.argv[2])
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps({"parameters": translator.model.count_params(), "after_imports": before, "peak": peak}))
+"""
+
+
+def convert_memory(size_name):
+    """`convert`'s peak resident memory above its process's after imports,
+    in a child process, over the float32 size of the model."""
+    import subprocess
+
+    with tempfile.TemporaryDirectory() as directory:
+        random_opus_mt(os.path.join(directory, "transformers"), CONVERTED_SIZES[size_name])
+        out = subprocess.run([sys.executable, "-c", CONVERT_MEMORY, os.path.join(directory, "transformers"),
+                              os.path.join(directory, "ours")], check=True, capture_output=True, text=True).stdout
+    found = json.loads(out.splitlines()[-1])
+    found |= {"size": size_name, "backend": keras.backend.backend(), "float32_bytes": 4 * found["parameters"]}
+    found["peak_over_float32"] = (found["peak"] - found["after_imports"]) / found["float32_bytes"]
+    print(f"convert, {size_name}, {found['backend']}: peak {found['peak'] / 2**20:,.0f} MiB, "
+          f"{(found['peak'] - found['after_imports']) / 2**20:,.0f} above imports: "
+          f"{found['peak_over_float32']:.2f}x the float32 model ({found['float32_bytes'] / 2**20:,.0f} MiB)", flush=True)
+    return found
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", nargs="+", default=["small", "base"], choices=sorted(kt.models.PRESETS))
@@ -904,6 +941,8 @@ def main():
     parser.add_argument("--latency-source", default=LATENCY_SOURCE,
                         help="the sentences of --latency, one a line (default: Multi30k's test2016.en, "
                         "in ../shared/data)")
+    parser.add_argument("--convert-memory", action="store_true",
+                        help="with --converted: the peak memory of convert, over the model's float32 size")
     parser.add_argument("--torch-paths", action="store_true",
                         help="ours with each torch-only decoding path switched off in turn (KERAS_BACKEND=torch)")
     parser.add_argument("--json", help="write the results here")
@@ -931,7 +970,12 @@ def main():
             parser.error(f"--latency {args.latency} needs as many sentences; --latency-source "
                          f"{args.latency_source} has {len(sentences)} non-empty lines")
     keras.utils.set_random_seed(0)
-    results = run_torch_paths(args) if args.torch_paths else run_engines(args, sentences)
+    if args.convert_memory:
+        if not args.converted:
+            parser.error("--convert-memory measures converting an OPUS-MT-size model; add --converted")
+        results = convert_memory(args.converted)
+    else:
+        results = run_torch_paths(args) if args.torch_paths else run_engines(args, sentences)
     if args.json:
         with open(args.json, "w") as file:
             json.dump(results, file, indent=1)
