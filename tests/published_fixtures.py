@@ -123,3 +123,34 @@ def remove_tensors(directory, *names):
         tensors = {name: file.get_tensor(name) for name in found - set(names)}
     assert set(names) <= found, f"{path} lacks {sorted(set(names) - found)} already"
     save_file(tensors, path, metadata=metadata)
+
+
+def searches_equal_generate(model, tokenizer, translator, max_extra_length, sentences=SENTENCES, **generate):
+    """Asserts that `translator`'s search gives transformers' `generate`'s
+    best ids (and, with a beam, score) for each of `sentences`, with the
+    translator's beam and alpha, our per-sentence limit and `generate`'s
+    other arguments. Returns transformers' ids of each, to the first EOS."""
+    import torch
+
+    eos = model.config.eos_token_id
+    found = translator.search(sentences)
+    generated = []
+    for i, sentence in enumerate(sentences):
+        source_ids, ids, scores = found[i]
+        limit = len(source_ids) - 1 + max_extra_length
+        with torch.no_grad():
+            output = model.generate(
+                **tokenizer([sentence], return_tensors="pt"), num_beams=translator.beam_size, do_sample=False,
+                max_new_tokens=limit, length_penalty=translator.alpha, output_scores=True,
+                early_stopping="never" if translator.beam_size > 1 else False, return_dict_in_generate=True,
+                **generate,
+            )
+        theirs = output.sequences[0, 1:].tolist()
+        theirs = theirs[: theirs.index(eos) + 1] if eos in theirs else theirs
+        ours = translator.tokenizer.id_map.to_published(ids[0].tolist())
+        ours = ours[: ours.index(eos) + 1] if eos in ours else ours[:limit]
+        assert ours == theirs, f"sentence {i}: ours {ours}, transformers' {theirs}"
+        if translator.beam_size > 1:
+            np.testing.assert_allclose(scores[0], output.sequences_scores[0].item(), atol=1e-4)
+        generated.append(theirs)
+    return generated

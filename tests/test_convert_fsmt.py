@@ -14,6 +14,7 @@ import pytest
 from fsmt_fixtures import SENTENCES
 from fsmt_fixtures import fairseq_directory
 from fsmt_fixtures import fsmt_directory
+from published_fixtures import searches_equal_generate
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("sacremoses")
@@ -104,27 +105,11 @@ def test_searches_equal_generate(converted, beam_size):
     there (the config's `forced_eos_token_id`)."""
     model, tokenizer, _, output = converted
     translator = Translator.load(output, beam_size=beam_size, max_extra_length=MAX_EXTRA_LENGTH)
-    found = translator.search(SENTENCES)
     ended = 0
-    for i, sentence in enumerate(SENTENCES):
-        source_ids, ids, scores = found[i]
-        limit = len(source_ids) - 1 + MAX_EXTRA_LENGTH
-        with torch.no_grad():
-            generated = model.generate(
-                **tokenizer([sentence], return_tensors="pt"), num_beams=beam_size, do_sample=False,
-                max_new_tokens=limit, length_penalty=translator.alpha, output_scores=True,
-                early_stopping="never" if beam_size > 1 else False, return_dict_in_generate=True,
-            )
-        theirs = generated.sequences[0, 1:].tolist()
-        theirs = theirs[: theirs.index(EOS) + 1] if EOS in theirs else theirs
-        ours = translator.tokenizer.id_map.to_published(ids[0].tolist())
-        ours = ours[: ours.index(EOS) + 1] if EOS in ours else ours[:limit]
-        their_score = generated.sequences_scores[0].item() if beam_size > 1 else None
-        assert ours == theirs, f"sentence {i}: ours {ours}, transformers' {theirs}"
+    for (source_ids, _, _), theirs in zip(translator.search(SENTENCES).values(),
+                                          searches_equal_generate(model, tokenizer, translator, MAX_EXTRA_LENGTH, SENTENCES)):
         assert theirs[-1] == EOS  # forced at the limit, if not before
-        ended += len(theirs) < limit
-        if beam_size > 1:
-            np.testing.assert_allclose(scores[0], their_score, atol=1e-4)
+        ended += len(theirs) < len(source_ids) - 1 + MAX_EXTRA_LENGTH
     assert translator.force_eos  # the config's forced_eos_token_id
     assert ended >= 1 or beam_size > 1  # greedy: searches that end before their limit, not only there
 

@@ -14,6 +14,7 @@ from conftest import in_one_pass
 from m2m100_fixtures import EOS
 from m2m100_fixtures import m2m100_directory
 from published_fixtures import SENTENCES
+from published_fixtures import searches_equal_generate
 
 torch = pytest.importorskip("torch")
 
@@ -73,26 +74,9 @@ def test_searches_equal_generate_with_the_target_language_forced(converted, beam
         translator = translator.with_languages(source, target)
         tokenizer.src_lang, tokenizer.tgt_lang = source, target
         language = tokenizer.convert_tokens_to_ids(translator.tokenizer.languages[target])
-        found = translator.search(SENTENCES)
-        ended = 0
-        for i, sentence in enumerate(SENTENCES):
-            source_ids, ids, scores = found[i]
-            limit = len(source_ids) - 1 + MAX_EXTRA_LENGTH
-            with torch.no_grad():
-                generated = model.generate(
-                    **tokenizer([sentence], return_tensors="pt"), forced_bos_token_id=language, num_beams=beam_size,
-                    do_sample=False, max_new_tokens=limit, length_penalty=translator.alpha, output_scores=True,
-                    early_stopping="never" if beam_size > 1 else False, return_dict_in_generate=True,
-                )
-            theirs = generated.sequences[0, 1:].tolist()
-            theirs = theirs[: theirs.index(EOS) + 1] if EOS in theirs else theirs
-            ours = translator.tokenizer.id_map.to_published(ids[0].tolist())
-            ours = ours[: ours.index(EOS) + 1] if EOS in ours else ours[:limit]
-            assert ours == theirs, f"{source}-{target} sentence {i}: ours {ours}, transformers' {theirs}"
-            assert theirs[0] == language
-            ended += EOS in theirs
-            if beam_size > 1:
-                np.testing.assert_allclose(scores[0], generated.sequences_scores[0].item(), atol=1e-4)
+        generated = searches_equal_generate(model, tokenizer, translator, MAX_EXTRA_LENGTH, forced_bos_token_id=language)
+        assert all(theirs[0] == language for theirs in generated)
+        ended = sum(EOS in theirs for theirs in generated)
         assert ended >= 1 or beam_size > 1  # greedy: searches that end before their limit, not only there
 
 

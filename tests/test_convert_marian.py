@@ -10,6 +10,7 @@ import pytest
 
 from conftest import in_one_pass
 from published_fixtures import SENTENCES
+from published_fixtures import searches_equal_generate
 from published_fixtures import marian_directory
 from published_fixtures import remove_tensors
 
@@ -71,27 +72,8 @@ def _searches_equal_generate(model, tokenizer, translator, beam_size, **generate
         translator.model, translator.tokenizer, beam_size=beam_size, alpha=1.0, length_penalty="power",
         max_extra_length=MAX_EXTRA_LENGTH, target_prefix=translator.target_prefix, force_eos=translator.force_eos,
     )
-    found = translator.search(SENTENCES)
-    ended = 0
-    for i, sentence in enumerate(SENTENCES):
-        source_ids, ids, scores = found[i]
-        limit = len(source_ids) - 1 + MAX_EXTRA_LENGTH
-        with torch.no_grad():
-            output = model.generate(
-                **tokenizer([sentence], return_tensors="pt"), num_beams=beam_size, do_sample=False,
-                max_new_tokens=limit, length_penalty=1.0, early_stopping="never" if beam_size > 1 else False,
-                output_scores=True, return_dict_in_generate=True, **generate,
-            )
-        eos = model.config.eos_token_id
-        theirs = output.sequences[0, 1:].tolist()
-        theirs = theirs[: theirs.index(eos) + 1] if eos in theirs else theirs
-        ours = translator.tokenizer.id_map.to_published(ids[0].tolist())
-        ours = ours[: ours.index(eos) + 1] if eos in ours else ours[:limit]
-        assert ours == theirs, f"sentence {i}: ours {ours}, transformers' {theirs}"
-        ended += theirs[-1] == eos
-        if beam_size > 1:
-            np.testing.assert_allclose(scores[0], output.sequences_scores[0].item(), atol=1e-4)
-    return ended
+    generated = searches_equal_generate(model, tokenizer, translator, MAX_EXTRA_LENGTH, **generate)
+    return sum(theirs[-1] == model.config.eos_token_id for theirs in generated)
 
 
 def test_forced_eos_and_a_forced_first_token_search_as_transformers(tmp_path):
