@@ -88,6 +88,8 @@ def translate(args):
         raise ValueError("--shard splits a file by its line count; give it with --input, not on stdin.")
     check_writable(args.output)
     translator = _load_translator(args)
+    if args.source_language or args.target_language:
+        translator = translator.with_languages(args.source_language, args.target_language)
     if args.target_prefix:
         translator = translator.with_target_prefix(args.target_prefix)
     model_file = os.path.join(args.model_dir, "model.keras")
@@ -359,6 +361,12 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):
     print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
+def _add_language_arguments(command, default):
+    for side, example in (("source", "eng_Latn, en"), ("target", "deu_Latn, de")):
+        command.add_argument(f"--{side}-language", metavar="CODE", help=f"M2M-100 and NLLB-200: the {side} language, "
+                             f"in the model's codes ({example}){default}")
+
+
 def _log(line):
     print(line, flush=True)
 
@@ -366,14 +374,11 @@ def _log(line):
 def convert(args):
     from keras_transformer.convert import convert as convert_checkpoint
 
-    translator = convert_checkpoint(args.source, args.output, dtype=args.dtype, source_language=args.source_language,
-                                    target_language=args.target_language)
+    translator = convert_checkpoint(args.source, args.output, args.dtype, args.source_language, args.target_language)
     model = translator.model
-    _log(
-        f"converted {args.source} into {args.output}: {model.num_layers}+{model.num_layers} blocks, d_model "
-        f"{model.d_model}, {model.vocabulary_size} ids, {model.count_params():,} parameters; beam "
-        f"{translator.beam_size}, alpha {translator.alpha} ({translator.length_penalty} length penalty)"
-    )
+    _log(f"converted {args.source} into {args.output}: {model.num_layers}+{model.num_layers} blocks, d_model "
+         f"{model.d_model}, {model.vocabulary_size} ids, {model.count_params():,} parameters; beam "
+         f"{translator.beam_size}, alpha {translator.alpha} ({translator.length_penalty} length penalty)")
 
 
 def main(argv=None):
@@ -421,9 +426,7 @@ def main(argv=None):
                           "as a translator directory")
     command.add_argument("source", help="a Hugging Face model directory, a fairseq checkpoint directory, or a hub id")
     command.add_argument("--output", required=True, metavar="DIR", help="the new translator directory")
-    for side, example in (("source", "eng_Latn, en"), ("target", "deu_Latn, de")):
-        command.add_argument(f"--{side}-language", metavar="CODE", help=f"M2M-100 and NLLB-200: the {side} language, "
-                             f"in the model's codes ({example})")
+    _add_language_arguments(command, "")
     command.add_argument("--dtype", choices=["float32", "mixed_bfloat16", "mixed_float16"], help="precision (default float32)")
     command.set_defaults(run=convert)
 
@@ -440,6 +443,7 @@ def main(argv=None):
     command.add_argument("--progress", action="store_true", help="lines, lines/s and time left on stderr (on a terminal: always)")
     command.add_argument("--split-sentences", action="store_true", help="translate each line sentence by sentence (a paragraph per line)")
     command.add_argument("--target-prefix", metavar="TEXT", help="the words every translation begins with; the search goes on from them")
+    _add_language_arguments(command, " (default: the translator's pair)")
     command.set_defaults(run=translate)
 
     command = add_command("evaluate", help="BLEU and chrF of a test set, with sacrebleu")

@@ -146,3 +146,20 @@ def test_the_export_takes_each_text_s_languages_and_translates_as_the_translator
         np.testing.assert_allclose(served["score"].numpy(), [h[0][1] for h in ours.n_best(texts)], atol=1e-4)
     with pytest.raises(tf.errors.InvalidArgumentError, match="Unknown language code"):
         serve(text=tf.constant(["A dog."]), source_language=tf.constant([source]), target_language=tf.constant(["xx_Yyyy"]))
+
+
+@in_one_pass("torch", "the command line's plumbing; each backend's search of another pair is tested above")
+def test_translate_takes_another_pair_and_convert_an_unknown_code_in_one_error_line(converted, tmp_path):
+    from keras_transformer import cli
+
+    kind, _, _, translator, root = converted
+    (source, target), (other_source, other_target) = PAIRS[kind]
+    (tmp_path / "input.txt").write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
+    cli.main(["translate", "--model-dir", str(root / "ours"), "--input", str(tmp_path / "input.txt"), "--output",
+              str(tmp_path / "output.txt"), "--source-language", other_source, "--target-language", other_target])
+    expected = translator.with_languages(other_source, other_target).translate(SENTENCES)
+    assert (tmp_path / "output.txt").read_text(encoding="utf-8").split("\n")[:-1] == expected != translator.translate(SENTENCES)
+    with pytest.raises(SystemExit, match=r"^error: .*The source language must be one of the model's .*Received: 'zz'"):
+        cli.main(["convert", str(root / "published"), "--output", str(tmp_path / "bad"), "--source-language", "zz",
+                  "--target-language", target])
+    assert not os.path.exists(tmp_path / "bad")
