@@ -92,13 +92,10 @@ class MarianGraphTokenizer(tf.Module):
         super().__init__()
         # The files, and the id map, for clients of the ids signature.
         self.files = dict(tokenizer.files) | {"tokenizer.json": json.dumps({"ids": tokenizer.id_map.get_config()}).encode()}
-        self.op = tensorflow_text.SentencepieceTokenizer(model=self.files["source.spm"], out_type=tf.int32)
-        processor = sentencepiece.SentencePieceProcessor(model_proto=self.files["source.spm"])
-        self.source_pieces = [processor.id_to_piece(i) for i in range(processor.vocab_size())]
+        self.op, self.source_pieces, self.ours_of_piece = numbered_pieces(
+            self.files["source.spm"], tokenizer.source_vocabulary, tokenizer.id_map
+        )
         id_map, vocabulary = tokenizer.id_map, tokenizer.source_vocabulary
-        unknown = id_map.special["unknown"]
-        # SentencePiece's id -> ours: its piece's id in vocab.json, or unknown.
-        self.ours_of_piece = tf.constant(id_map.to_ours([vocabulary.get(p, unknown) for p in self.source_pieces]), tf.int32)
         self.codes = [piece for piece in vocabulary if piece.startswith(">>") and piece.endswith("<<")]
         self.code_ids = tf.lookup.StaticHashTable(
             tf.lookup.KeyValueTensorInitializer(
@@ -129,9 +126,24 @@ class MarianGraphTokenizer(tf.Module):
         return tf.concat([code_ids, ids], axis=1)
 
     def detokenize(self, ids):
-        pieces = tf.gather(self.target_pieces, tf.ragged.boolean_mask(ids, ids > MarianTokenizer.eos_id))
-        text = tf.strings.regex_replace(tf.strings.reduce_join(pieces, axis=-1), SPACE_MARK, " ")
-        return tf.strings.strip(text)
+        return joined_pieces(self.target_pieces, ids)
+
+
+def numbered_pieces(proto, vocabulary, id_map):
+    """A converted tokenizer's SentencePiece op, its pieces, and our id of
+    each piece: its id in the published `vocabulary`, or unknown."""
+    processor = sentencepiece.SentencePieceProcessor(model_proto=proto)
+    pieces = [processor.id_to_piece(i) for i in range(processor.vocab_size())]
+    unknown = id_map.special["unknown"]
+    ours = tf.constant(id_map.to_ours([vocabulary.get(piece, unknown) for piece in pieces]), tf.int32)
+    return tensorflow_text.SentencepieceTokenizer(model=proto, out_type=tf.int32), pieces, ours
+
+
+def joined_pieces(target_pieces, ids):
+    """The text of our ragged `ids`: their pieces (`target_pieces`, "" for
+    special ids) joined, space marks as spaces, as transformers decodes."""
+    text = tf.strings.regex_replace(tf.strings.reduce_join(tf.gather(target_pieces, ids), axis=-1), SPACE_MARK, " ")
+    return tf.strings.strip(text)
 
 
 class MultilingualGraphTokenizer(tf.Module):
@@ -143,13 +155,10 @@ class MultilingualGraphTokenizer(tf.Module):
     def __init__(self, tokenizer):
         super().__init__()
         self.files = dict(tokenizer.files) | {"tokenizer.json": json.dumps(tokenizer.get_config()).encode()}
-        self.op = tensorflow_text.SentencepieceTokenizer(model=self.files[SPM], out_type=tf.int32)
+        id_map, vocabulary, unknown = tokenizer.id_map, tokenizer.vocabulary, tokenizer.id_map.special["unknown"]
+        self.op, self.source_pieces, self.ours_of_piece = numbered_pieces(self.files[SPM], vocabulary, id_map)
         # Pieces as the text spells them (an unknown one too), for the space at the end.
         self.spelled = tensorflow_text.SentencepieceTokenizer(model=self.files[SPM], out_type=tf.string)
-        processor = sentencepiece.SentencePieceProcessor(model_proto=self.files[SPM])
-        self.source_pieces = [processor.id_to_piece(i) for i in range(processor.vocab_size())]
-        id_map, vocabulary, unknown = tokenizer.id_map, tokenizer.vocabulary, tokenizer.id_map.special["unknown"]
-        self.ours_of_piece = tf.constant(id_map.to_ours([vocabulary.get(p, unknown) for p in self.source_pieces]), tf.int32)
         self.trailing_space = tokenizer.trailing_space
         self.space_id = id_map.to_ours([vocabulary.get(SPACE_MARK, unknown)])[0]
         self.codes = list(tokenizer.languages)
@@ -193,8 +202,7 @@ class MultilingualGraphTokenizer(tf.Module):
         return tf.concat([_one_where(written, self.language_id(codes, 0)), ids], axis=1)
 
     def detokenize(self, ids):
-        pieces = tf.gather(self.target_pieces, ids)
-        return tf.strings.strip(tf.strings.regex_replace(tf.strings.reduce_join(pieces, axis=-1), SPACE_MARK, " "))
+        return joined_pieces(self.target_pieces, ids)
 
 
 def _one_where(condition, values):

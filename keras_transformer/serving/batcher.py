@@ -81,7 +81,6 @@ class Batcher:
         self.metrics = metrics
         self.across_requests = across_requests
         self._waiting = collections.deque()
-        self._last_seconds = 0.0  # the last batch's decoding time
         self._arrived = None  # an asyncio.Event, made on the loop that serves
         self._worker = None
         # One thread decodes: the backend's own threads use every core.
@@ -155,15 +154,15 @@ class Batcher:
         return (rows is not None and len(self._waiting) >= rows
                 or sum(len(sentence.ids) for sentence in self._waiting) >= self.max_tokens)
 
-    async def _gather(self, free_since, expected):
+    async def _gather(self, free_since, expected, gap):
         """Waits up to `max_wait` from the later of the first waiting
         sentence's arrival and `free_since` for more to join, until
-        `expected` sentences wait and no more arrive within the burst's gap,
-        or a whole batch waits."""
+        `expected` sentences wait and no more arrive within `gap`, or a
+        whole batch waits."""
         deadline = max(self._waiting[0].arrived, free_since) + self.max_wait
         while not self._full() and (left := deadline - time.perf_counter()) > 0:
             if len(self._waiting) >= expected:
-                left = min(left, max(self.burst_gap, BURST_SHARE * self._last_seconds))  # a burst still arriving
+                left = min(left, gap)  # a burst still arriving
             try:
                 await asyncio.wait_for(self._arrived.wait(), left)
             except TimeoutError:
@@ -172,12 +171,12 @@ class Batcher:
 
     async def _run(self):
         loop = asyncio.get_running_loop()
-        free_since, expected = time.perf_counter(), 1
+        free_since, expected, gap = time.perf_counter(), 1, self.burst_gap
         while True:
             await self._arrived.wait()
             self._arrived.clear()
             if self.max_wait and self.across_requests and self._waiting:
-                await self._gather(free_since, expected)
+                await self._gather(free_since, expected, gap)
             batch = self._take_batch()
             if self._waiting:
                 self._arrived.set()  # more than a batch: go round again
@@ -198,6 +197,6 @@ class Batcher:
                     sentence.future.set_result(result)
             # Its clients, answered, will likely send as many again.
             free_since, expected = time.perf_counter(), len(batch)
-            self._last_seconds = free_since - started
+            gap = max(self.burst_gap, BURST_SHARE * (free_since - started))
             if self.metrics is not None:
                 self.metrics.batch(len(batch), free_since - started)
