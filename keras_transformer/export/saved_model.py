@@ -183,11 +183,16 @@ def _settings(translator, graph_tokens, max_request_tokens, max_request_rows):
         "bos_id": tokenizer.bos_id,
         "eos_id": tokenizer.eos_id,
         "signatures": {
-            TEXT_SIGNATURE: ("text, source_language, target_language" if hasattr(graph_tokens, "language_ids") else "text")
-            + " -> translation, score",
+            TEXT_SIGNATURE: ", ".join(text_inputs(graph_tokens)) + " -> translation, score",
             IDS_SIGNATURE: "source_ids -> target_ids, score",
         },
     }
+
+
+def text_inputs(graph_tokens):
+    """The text signature's inputs: a multilingual translator's requests
+    also name each text's languages."""
+    return ["text"] + (["source_language", "target_language"] if hasattr(graph_tokens, "language_ids") else [])
 
 
 def max_source_bytes(translator, tokenizer=None):
@@ -306,10 +311,9 @@ def _serving_module(translator, graph_tokens, asset_files, settings_file, max_re
         translation = module.tokenizer.detokenize(tf.RaggedTensor.from_tensor(target_ids, padding=0))
         return {"translation": translation, "score": scores}
 
-    # A multilingual translator's requests name each text's languages.
-    inputs = ["text"] + (["source_language", "target_language"] if hasattr(graph_tokens, "language_ids") else [])
     translate_text = tf.function(
-        text_to_translation, input_signature=[tf.TensorSpec([None], tf.string, name=name) for name in inputs],
+        text_to_translation,
+        input_signature=[tf.TensorSpec([None], tf.string, name=name) for name in text_inputs(graph_tokens)],
         autograph=False,
     )
 
