@@ -540,3 +540,59 @@ def test_forced_eos_ends_each_sentence_at_its_own_limit():
         np.testing.assert_array_equal(found[1], [C] * 5 + [EOS])
         # EOS, forced, costs nothing: the C's alone.
         np.testing.assert_allclose(found_scores, [2 * table[C, C], 5 * table[C, C]], rtol=1e-5)
+
+
+@pytest.mark.parametrize("steps", [1, 2])
+def test_a_batch_sheds_its_done_first_half_and_finds_what_it_would_have(steps):
+    """With `narrow_step`, a batch of 16 sentences runs on without its first
+    8 once they are done, then without the next 4: rows in order of limits,
+    as `Translator` sorts them. Each sentence reads a bias of its own (what
+    `narrow_step` must slice) and a state reordered with its beams, in
+    phases. The outputs and scores must be those of the whole batch run to
+    the end, and the steps of 16, 8 and 4 sentences end where the halves'
+    limits say."""
+    from keras_transformer.decoding.beam_search import SHED_FROM
+
+    rng = np.random.default_rng(7)
+    probs = rng.dirichlet(np.full(V, 0.5), size=(V, V))
+    probs[..., EOS] *= 0.3  # most sentences run to their limits
+    table = ops.convert_to_tensor(np.log(probs / probs.sum(-1, keepdims=True)).astype("float32"))
+    bias = rng.normal(size=(16, V)).astype("float32")
+    limits = np.array([3] * 8 + [6] * 4 + [9] * 4, "int32")
+    beam_size, rows_run = 3, []
+
+    def over(bias):
+        def step_fn(ids, index, buffer):
+            n = ops.shape(ids)[0]
+            rows_run.append(n // beam_size)
+            last = ops.slice(ids, [0, index], [n, 1])
+            before = ops.slice(buffer, [0, ops.maximum(index - 1, 0)], [n, 1])
+            logits = ops.take(ops.reshape(table, (V * V, V)), (before * V + last)[:, 0], axis=0)
+            return logits + ops.repeat(ops.convert_to_tensor(bias), beam_size, axis=0), ops.slice_update(
+                buffer, [0, index], last)
+
+        return step_fn
+
+    def run(narrow_step):
+        rows_run.clear()
+        with eager_loops():
+            found = beam_search(
+                over(bias), ops.convert_to_tensor(np.arange(16) % (V - 3) + 3, "int32"),
+                ops.full((16, 3), BOS, dtype="int32"), beam_size=beam_size, max_length=9, eos_id=EOS,
+                sentence_max_length=ops.convert_to_tensor(limits), state_lengths=(3, 6, 9),
+                grow_state=lambda buffer, length: ops.pad(buffer, [[0, 0], [0, length - ops.shape(buffer)[1]]]),
+                steps_per_iteration=steps, narrow_step=narrow_step,
+            )  # fmt: skip
+        return list(rows_run), to_numpy(found[0]), to_numpy(found[1])
+
+    assert SHED_FROM <= 8  # the premise: 16 and 8 sentences shed, 4 do not
+    (whole, *expected), (shed, *got) = run(None), run(lambda start: over(bias[start:]))
+    assert set(whole) == {16}
+    assert shed == sorted(shed, reverse=True)  # rows only leave
+    assert 3 <= shed.count(16) <= 3 + steps - 1  # the first 8 end at their limit, 3
+    assert 6 <= shed.count(16) + shed.count(8) <= 6 + steps - 1
+    assert shed.count(4) > 0
+    lengths = [int(np.count_nonzero(row)) for row in expected[0][:, 0]]
+    assert max(lengths[:8]) == 3 and max(lengths[12:]) > 6, lengths  # the premises
+    np.testing.assert_array_equal(got[0], expected[0])
+    np.testing.assert_allclose(got[1], expected[1], rtol=1e-6)

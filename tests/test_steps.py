@@ -108,3 +108,41 @@ def test_a_compiled_search_pairs_its_steps_under_xla_for_a_large_cache(model, to
         assert max(lengths) > steps_module.FIRST_CACHE_LENGTH, lengths
     np.testing.assert_array_equal(results[1][0], results[0][0])
     np.testing.assert_allclose(results[1][1], results[0][1], atol=1e-5)
+
+
+@pytest.mark.parametrize("ending", ["eos", "limits"])
+def test_a_compiled_search_sheds_the_done_half_of_its_batch_and_finds_the_same(model, tokenizer, monkeypatch, ending):
+    """A compiled beam search of 8 sentences in order of length (as
+    `Translator` sorts them) runs on without the first 4 once they are
+    done (`SHED_FROM`), over the step function `narrow_step` gives for the
+    rest. Its beams and scores must be those of the whole batch run to the
+    end, with outputs that end at EOS, or at their own limits past the
+    caches' first phase. (TensorFlow's traced search without XLA has no
+    static batch size, and does not shed.)"""
+    search_module = importlib.import_module("keras_transformer.decoding.beam_search")
+    sentences = sorted((s for s in SENTENCES if s.strip()), key=len)
+    sentences = sentences + sentences[-1:] * (8 - len(sentences))
+    source_ids = source_batch(tokenizer, sentences)
+    limits = np.arange(8, dtype="int32") + source_ids.shape[1] + (2 if ending == "eos" else 16)
+    narrowed, narrow = [], search_module._sentences
+
+    def search(source, limit, decoding):
+        return search_translations(
+            model, source, limit, beam_size=3, alpha=0.6, max_extra_length=24, bos_id=tokenizer.bos_id,
+            eos_id=tokenizer.eos_id if ending == "eos" else -1, decoding=decoding,
+        )
+
+    results = []
+    for shed_from in (2**31, 8):
+        with monkeypatch.context() as patch:
+            patch.setattr(search_module, "SHED_FROM", shed_from)
+            patch.setattr(search_module, "_sentences", lambda *args: narrowed.append(args[1:3]) or narrow(*args))
+            compiled = CompiledFunction(search, model, [2, 1], jit_compile=keras.backend.backend() == "tensorflow")
+            results.append(compiled(source_ids, limits))
+    assert narrowed == [(4, None), (0, 4)]  # traced once: 8 sentences shed 4, and 4 do not
+    lengths = [np.count_nonzero(row) for row in results[0][0][:, 0]]
+    assert len(set(lengths)) > 1, lengths  # the premises
+    if ending == "limits":
+        assert lengths == list(limits) and min(lengths) > kt.decoding.steps.FIRST_CACHE_LENGTH, lengths
+    np.testing.assert_array_equal(results[1][0], results[0][0])
+    np.testing.assert_allclose(results[1][1], results[0][1], atol=1e-5)

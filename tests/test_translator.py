@@ -131,28 +131,34 @@ def test_a_model_file_replaced_by_another_keras_model_is_one_error(model, tokeni
         assert str(exit_info.value.code).startswith("error: ") and "holds a Sequential" in str(exit_info.value.code)
 
 
-@pytest.mark.parametrize("forced", [False, True], ids=["free", "prefix_and_eos_forced"])
-def test_warm_up_compiles_every_shape_so_translating_compiles_nothing(model, tokenizer, forced):
+@pytest.mark.parametrize(("forced", "batch_size"), [(False, 8), (True, 2)], ids=["free", "prefix_and_eos_forced"])
+def test_warm_up_compiles_every_shape_so_translating_compiles_nothing(model, tokenizer, forced, batch_size):
     # Forced tokens too: torch's warm-up records with an EOS id of -1, which a forced EOS must not index.
+    # A batch of 8 sheds its first half (beam_search.SHED_FROM): the loops of the half left are warmed up too.
     settings = {"force_eos": True, "target_prefix": tokenizer.tokenize_target(["Die"])[0]} if forced else {}
-    translator = Translator(model, tokenizer, beam_size=2, batch_size=2, max_source_length=40, max_extra_length=20,
-                            **settings)
-    assert translator.source_lengths == [8, 12, 18, 27, 40] and translator.row_counts() == [1, 2]
+    translator = Translator(model, tokenizer, beam_size=2, batch_size=batch_size, max_source_length=40,
+                            max_extra_length=20, **settings)
+    assert translator.source_lengths == [8, 12, 18, 27, 40] and translator.row_counts() == [1, 2, 4, 8][
+        : 2 + 2 * (batch_size == 8)]
     expected = Translator(model, tokenizer, beam_size=2, max_extra_length=20, **settings).n_best(SENTENCES)
     compiled = translator._search
     programs, seconds = translator.warm_up()
-    assert programs == 10 and seconds > 0
+    assert programs == 5 * len(translator.row_counts()) and seconds > 0
     traces = compiled.traces
     recorded = compiled.loops and (compiled.loops.count, compiled.loops.eager)
     got = [translator.n_best([sentence])[0] for sentence in SENTENCES] + translator.n_best(SENTENCES[:2])
-    for hypotheses, wanted in zip(got, expected + expected[:2], strict=True):
+    wanted_all = expected + expected[:2]
+    if batch_size == 8:  # 12 sentences: a batch of 8, one of 4
+        got, wanted_all = got + translator.n_best(SENTENCES * 2), wanted_all + expected * 2
+    for hypotheses, wanted in zip(got, wanted_all, strict=True):
         assert [t for t, _ in hypotheses] == [t for t, _ in wanted]
     if compiled.loops is None:  # compiled per shape (or once for all, TensorFlow without XLA)
         assert compiled.traces == traces
     else:  # torch: every loop met was recorded by the warm-up, at once, and every record kept
         assert (compiled.loops.count, compiled.loops.eager) == recorded
-        assert recorded[0] >= 2 * 10 and recorded[1] == 0
-        assert compiled.loops.size == 16 * 2 * 5 and len(compiled.loops._traces) == recorded[0]
+        assert recorded[0] >= 2 * programs and recorded[1] == 0
+        assert compiled.loops.size == 2 * (7 + (batch_size == 8)) * programs
+        assert len(compiled.loops._traces) == recorded[0]
 
 
 def test_search_ids_decodes_id_lists_as_search_decodes_their_strings(model, tokenizer):

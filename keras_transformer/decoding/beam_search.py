@@ -33,6 +33,20 @@ from keras_transformer.decoding.search_loop import while_in_phases
 NEG_INF = -1.0e9
 
 
+# A batch of this many sentences or more sheds its first half once that is
+# done (rows in order of length, as `Translator` sorts them): the rest run
+# on alone, in fewer rows. A batch waits for its longest output otherwise.
+SHED_FROM = 8
+
+
+def sheds(sentences):
+    """How many times a batch of `sentences` sheds a half: a loop each."""
+    count = 0
+    while sentences >= SHED_FROM:
+        sentences, count = sentences - sentences // 2, count + 1
+    return count
+
+
 # The forms of the length penalty: GNMT's, the paper's; |Y| ** alpha.
 LENGTH_PENALTIES = ("gnmt", "power")
 
@@ -84,6 +98,7 @@ def beam_search(
     penalty="gnmt",
     forced_ids=None,
     force_eos=False,
+    narrow_step=None,
     decoding=None,
 ):
     """The `beam_size` best translations of each sentence, best first.
@@ -146,6 +161,13 @@ def beam_search(
             transformers' `forced_bos_token_id` is); counted in its length.
         force_eos: with True, a hypothesis still alive at its sentence's
             limit takes EOS there (transformers' `forced_eos_token_id`).
+        narrow_step: optional `narrow_step(start)`, `step_fn` over the
+            sentences from `start` on alone (their rows of its state). With
+            it, a batch of at least `SHED_FROM` sentences (a static batch
+            size) runs on without its first half once that half is done,
+            and again with the half left: in order of length, the shorter
+            half ends first. Results are the same. The loops of those
+            halves run at the last phase's `state_lengths`.
         decoding: the `backend.options.DecodingOptions` of the compiled
             function the search runs in (its loops, its direct calls), or
             None.
@@ -176,25 +198,8 @@ def beam_search(
     if sentence_max_length is None:
         sentence_max_length = ops.full((batch_size,), max_length, dtype="int32")
     sentence_max_length = ops.cast(sentence_max_length, "int32")
-    forced = forced_tokens(forced_ids, force_eos, eos_id, sentence_max_length)
     # Scores can only fall to log P / lp(limit) for an alive hypothesis.
     best_possible_lp = length_penalty(sentence_max_length, alpha, penalty)  # [B]
-
-    # The first flat row of each sentence, for the 1, 2 and 3 times K rows
-    # a sentence has in the searches' gathers; made once, not every step.
-    first_rows = {
-        beams: ops.arange(batch_size)[:, None] * beams
-        for beams in (beam_size, 2 * beam_size, 3 * beam_size)
-    }
-
-    def gather_beams(x, beam_indices):
-        """x[b, beam_indices[b, j]] for `x` of `[B, K_old, ...]`."""
-        flat_indices = beam_indices + first_rows[shapes.shape(x)[1]]
-        flat = ops.reshape(x, (-1,) + tuple(ops.shape(x)[2:]))
-        gathered = shapes.take_rows(flat, ops.reshape(flat_indices, (-1,)), decoding)
-        return ops.reshape(
-            gathered, (batch_size, ops.shape(beam_indices)[1]) + tuple(ops.shape(x)[2:])
-        )
 
     positions = ops.arange(max_length + 1, dtype="int32")  # [L + 1]
     # The loop state. Only beam 0 is real at the start, so that the first
@@ -223,109 +228,162 @@ def beam_search(
         ),  # [B * K, ...]
     }
 
-    def sentence_done(search):
-        best_alive = search["alive_log_probs"][:, 0] / best_possible_lp  # [B]
-        worst_finished = ops.min(
-            ops.where(search["finished_flags"], search["finished_scores"], NEG_INF),
-            axis=1,
-        )  # [B]; NEG_INF until beam_size hypotheses finished
-        return ops.logical_or(
-            ops.logical_or(
-                ops.greater(worst_finished, best_alive),
-                ops.less(search["alive_log_probs"][:, 0], NEG_INF / 2),  # nothing alive
-            ),
-            ops.greater_equal(search["index"], sentence_max_length),
-        )
-
-    def condition(search):
-        return ops.logical_and(
-            ops.less(search["index"], max_length),
-            ops.logical_not(ops.all(sentence_done(search))),
-        )
-
-    def body(search):
-        index = search["index"]
-        alive_ids = search["alive_ids"]
-        flat_ids = ops.reshape(alive_ids, (-1, max_length + 1))  # [B * K, L + 1]
-        logits, new_state = step_fn(flat_ids, index, search["state"])
-        logits = ops.cast(logits, "float32")
-        vocabulary_size = ops.shape(logits)[-1]
-        # The 2K best extensions of the alive hypotheses.
-        candidate_log_probs = norms.log_softmax_plus(logits, search["alive_log_probs"], decoding)
-        if candidate_log_probs is None:
-            # log softmax = logits - logsumexp(logits), with the logsumexp
-            # added to the alive log-probabilities: one pass over the logits.
-            offsets = search["alive_log_probs"] - ops.reshape(
-                ops.logsumexp(logits, axis=-1), (batch_size, beam_size)
-            )  # [B, K]
-            candidate_log_probs = offsets[:, :, None] + ops.reshape(
-                logits, (batch_size, beam_size, vocabulary_size)
-            )
-        candidate_log_probs = ops.reshape(candidate_log_probs, (batch_size, -1))  # [B, K * V]
-        top_log_probs, top_indices = top_k(candidate_log_probs, 2 * beam_size)
-        if forced is not None:
-            top_log_probs, top_indices = _forced_extensions(
-                top_log_probs, top_indices, search["alive_log_probs"], vocabulary_size, *forced(index)
-            )
-        top_beams = top_indices // vocabulary_size  # [B, 2K]
-        top_tokens = ops.cast(top_indices % vocabulary_size, "int32")
-        top_ids = ops.where(
-            ops.equal(positions, index + 1)[None, None, :],
-            top_tokens[:, :, None],
-            gather_beams(alive_ids, top_beams),
-        )  # [B, 2K, L + 1]
-        ends = ops.equal(top_tokens, eos_id)
-        real = ops.greater(top_log_probs, NEG_INF / 2)
-        # A sentence that is done keeps its hypotheses: none of its alive
-        # ones can still beat its finished ones, and a step that runs
-        # after every sentence is done (`steps_per_iteration`) changes
-        # nothing.
-        active = ops.logical_not(sentence_done(search))[:, None]  # [B, 1]
-
-        # Alive: the K best extensions that did not end.
-        new_alive_log_probs, alive_choice = ops.top_k(
-            ops.where(ends, NEG_INF, top_log_probs), beam_size
-        )
-        new_alive_ids = gather_beams(top_ids, alive_choice)
-        origin = shapes.take_along_axis(top_beams, alive_choice, axis=1, decoding=decoding)  # [B, K]
-        state_rows = ops.reshape(origin + first_rows[beam_size], (-1,))
-
-        # Finished: the old set and the ending extensions among the first K.
-        among_first_k = ops.less(ops.arange(2 * beam_size), beam_size)[None, :]
-        new_flags = ends & real & active & among_first_k
-        new_scores = ops.where(
-            new_flags, top_log_probs / length_penalty(index + 1, alpha, penalty), NEG_INF
-        )
-        finished_scores, finished_choice = ops.top_k(
-            ops.concatenate([search["finished_scores"], new_scores], axis=1),
-            beam_size,
-        )
-        return {
-            "index": index + 1,
-            "alive_ids": ops.where(active[:, :, None], new_alive_ids, alive_ids),
-            "alive_log_probs": ops.where(
-                active, new_alive_log_probs, search["alive_log_probs"]
-            ),
-            "finished_ids": gather_beams(
-                ops.concatenate([search["finished_ids"], top_ids], axis=1),
-                finished_choice,
-            ),
-            "finished_scores": finished_scores,
-            "finished_flags": shapes.take_along_axis(
-                ops.concatenate([search["finished_flags"], new_flags], axis=1),
-                finished_choice,
-                axis=1,
-                decoding=decoding,
-            ),
-            "state": keras.tree.map_structure(
-                lambda x: shapes.take_rows(x, state_rows, decoding), new_state
-            ),
+    def searching(start):
+        """The loop's condition and body over sentences `start:`, and its
+        `sentence_done` and `gather_beams`: `step_fn`'s for all, from 0."""
+        rows = batch_size - start
+        step = step_fn if start == 0 else narrow_step(start)
+        limits, best_lp, prefix = (x if x is None or start == 0 else x[start:]
+                                   for x in (sentence_max_length, best_possible_lp, forced_ids))
+        forced = forced_tokens(prefix, force_eos, eos_id, limits)
+        # The first flat row of each sentence, for the 1, 2 and 3 times K
+        # rows a sentence has in the gathers; made once, not every step.
+        first_rows = {
+            beams: ops.arange(rows)[:, None] * beams
+            for beams in (beam_size, 2 * beam_size, 3 * beam_size)
         }
 
-    search = while_in_phases(
-        condition, body, initial, state_lengths, grow_state, steps_per_iteration, max_length,
-        loops=None if decoding is None else decoding.loops,
-    )
+        def gather_beams(x, beam_indices):
+            """x[b, beam_indices[b, j]] for `x` of `[B, K_old, ...]`."""
+            flat_indices = beam_indices + first_rows[shapes.shape(x)[1]]
+            flat = ops.reshape(x, (-1,) + tuple(ops.shape(x)[2:]))
+            gathered = shapes.take_rows(flat, ops.reshape(flat_indices, (-1,)), decoding)
+            return ops.reshape(
+                gathered, (rows, ops.shape(beam_indices)[1]) + tuple(ops.shape(x)[2:])
+            )
+
+        def sentence_done(search):
+            best_alive = search["alive_log_probs"][:, 0] / best_lp  # [B]
+            worst_finished = ops.min(
+                ops.where(search["finished_flags"], search["finished_scores"], NEG_INF),
+                axis=1,
+            )  # [B]; NEG_INF until beam_size hypotheses finished
+            return ops.logical_or(
+                ops.logical_or(
+                    ops.greater(worst_finished, best_alive),
+                    ops.less(search["alive_log_probs"][:, 0], NEG_INF / 2),  # nothing alive
+                ),
+                ops.greater_equal(search["index"], limits),
+            )
+
+        def condition(search):
+            return ops.logical_and(
+                ops.less(search["index"], max_length),
+                ops.logical_not(ops.all(sentence_done(search))),
+            )
+
+        def body(search):
+            index = search["index"]
+            alive_ids = search["alive_ids"]
+            flat_ids = ops.reshape(alive_ids, (-1, max_length + 1))  # [B * K, L + 1]
+            logits, new_state = step(flat_ids, index, search["state"])
+            logits = ops.cast(logits, "float32")
+            vocabulary_size = ops.shape(logits)[-1]
+            # The 2K best extensions of the alive hypotheses.
+            candidate_log_probs = norms.log_softmax_plus(logits, search["alive_log_probs"], decoding)
+            if candidate_log_probs is None:
+                # log softmax = logits - logsumexp(logits), with the logsumexp
+                # added to the alive log-probabilities: one pass over the logits.
+                offsets = search["alive_log_probs"] - ops.reshape(
+                    ops.logsumexp(logits, axis=-1), (rows, beam_size)
+                )  # [B, K]
+                candidate_log_probs = offsets[:, :, None] + ops.reshape(
+                    logits, (rows, beam_size, vocabulary_size)
+                )
+            candidate_log_probs = ops.reshape(candidate_log_probs, (rows, -1))  # [B, K * V]
+            top_log_probs, top_indices = top_k(candidate_log_probs, 2 * beam_size)
+            if forced is not None:
+                top_log_probs, top_indices = _forced_extensions(
+                    top_log_probs, top_indices, search["alive_log_probs"], vocabulary_size, *forced(index)
+                )
+            top_beams = top_indices // vocabulary_size  # [B, 2K]
+            top_tokens = ops.cast(top_indices % vocabulary_size, "int32")
+            top_ids = ops.where(
+                ops.equal(positions, index + 1)[None, None, :],
+                top_tokens[:, :, None],
+                gather_beams(alive_ids, top_beams),
+            )  # [B, 2K, L + 1]
+            ends = ops.equal(top_tokens, eos_id)
+            real = ops.greater(top_log_probs, NEG_INF / 2)
+            # A sentence that is done keeps its hypotheses: none of its alive
+            # ones can still beat its finished ones, and a step that runs
+            # after every sentence is done (`steps_per_iteration`) changes
+            # nothing.
+            active = ops.logical_not(sentence_done(search))[:, None]  # [B, 1]
+
+            # Alive: the K best extensions that did not end.
+            new_alive_log_probs, alive_choice = ops.top_k(
+                ops.where(ends, NEG_INF, top_log_probs), beam_size
+            )
+            new_alive_ids = gather_beams(top_ids, alive_choice)
+            origin = shapes.take_along_axis(top_beams, alive_choice, axis=1, decoding=decoding)  # [B, K]
+            state_rows = ops.reshape(origin + first_rows[beam_size], (-1,))
+
+            # Finished: the old set and the ending extensions among the first K.
+            among_first_k = ops.less(ops.arange(2 * beam_size), beam_size)[None, :]
+            new_flags = ends & real & active & among_first_k
+            new_scores = ops.where(
+                new_flags, top_log_probs / length_penalty(index + 1, alpha, penalty), NEG_INF
+            )
+            finished_scores, finished_choice = ops.top_k(
+                ops.concatenate([search["finished_scores"], new_scores], axis=1),
+                beam_size,
+            )
+            return {
+                "index": index + 1,
+                "alive_ids": ops.where(active[:, :, None], new_alive_ids, alive_ids),
+                "alive_log_probs": ops.where(
+                    active, new_alive_log_probs, search["alive_log_probs"]
+                ),
+                "finished_ids": gather_beams(
+                    ops.concatenate([search["finished_ids"], top_ids], axis=1),
+                    finished_choice,
+                ),
+                "finished_scores": finished_scores,
+                "finished_flags": shapes.take_along_axis(
+                    ops.concatenate([search["finished_flags"], new_flags], axis=1),
+                    finished_choice,
+                    axis=1,
+                    decoding=decoding,
+                ),
+                "state": keras.tree.map_structure(
+                    lambda x: shapes.take_rows(x, state_rows, decoding), new_state
+                ),
+            }
+
+        return condition, body, sentence_done, gather_beams
+
+    def run(start, search, state_lengths):
+        """The search of sentences `start:` from `search`, theirs. Rows in
+        order of length, the first half's done, the rest run on without
+        them (`SHED_FROM`); the state then keeps its last phase's length."""
+        condition, body, sentence_done, _ = searching(start)
+        loops = None if decoding is None else decoding.loops
+        rows = batch_size - start
+        if narrow_step is None or not isinstance(rows, int) or rows < SHED_FROM:
+            return while_in_phases(
+                condition, body, search, state_lengths, grow_state, steps_per_iteration, max_length, loops=loops
+            )
+        half = rows // 2
+
+        def first_half_running(search):
+            return ops.logical_and(condition(search), ops.logical_not(ops.all(sentence_done(search)[:half])))
+
+        search = while_in_phases(
+            first_half_running, body, search, state_lengths, grow_state, steps_per_iteration, max_length,
+            loops=loops,
+        )
+        rest = run(start + half, _sentences(search, half, None, beam_size), None)
+        # The first half is done: as the whole loop would have left it. (The
+        # state is not needed past the loop.)
+        head = _sentences(search, 0, half, beam_size)
+        return {"index": rest["index"], **{
+            name: ops.concatenate([head[name], rest[name]], axis=0)
+            for name in search if name not in ("index", "state")
+        }}
+
+    search = run(0, initial, state_lengths)
+    gather_beams = searching(0)[3]
 
     # Finished hypotheses first (they are sorted and come before the empty
     # slots), then the best alive ones, which reached the sentence's limit.
@@ -362,6 +420,16 @@ def beam_search(
     return ids[:, :, 1:], scores
 
 
+def _sentences(search, start, stop, beam_size):
+    """The beam search's loop state of sentences `start:stop`."""
+    return {
+        name: value if name == "index" else keras.tree.map_structure(
+            lambda x: x[start * beam_size : None if stop is None else stop * beam_size], value
+        ) if name == "state" else value[start:stop]
+        for name, value in search.items()
+    }
+
+
 def _forced_extensions(top_log_probs, top_indices, alive_log_probs, vocabulary_size, tokens, forcing):
     """The 2K best extensions `(log-probabilities, indices into K * V)`,
     where a sentence is forced: each alive beam extended by its token at no
@@ -376,114 +444,3 @@ def _forced_extensions(top_log_probs, top_indices, alive_log_probs, vocabulary_s
         ops.where(forcing[:, None], forced_log_probs, top_log_probs),
         ops.where(forcing[:, None], forced_indices, top_indices),
     )
-
-
-def greedy_search(
-    step_fn,
-    initial_ids,
-    initial_state,
-    *,
-    max_length,
-    eos_id,
-    sentence_max_length=None,
-    state_lengths=None,
-    grow_state=None,
-    forced_ids=None,
-    force_eos=False,
-    decoding=None,
-):
-    """The most likely next token at every step, until EOS.
-
-    Args:
-        step_fn: `step_fn(ids, index, state) -> (logits, state)`, as in
-            `beam_search` with a beam of 1: `ids` is `[batch, max_length + 1]`
-            and `state` a nest of tensors with first dimension `batch`.
-        initial_ids: int `[batch]`, the first token (BOS) of each sentence.
-        initial_state: the step function's state for the first step.
-        max_length: the most tokens generated, EOS included.
-        eos_id: the id that ends a sentence.
-        sentence_max_length: optional int `[batch]`, each sentence's own
-            limit (at most `max_length`).
-        state_lengths, grow_state: a state that grows in phases, as in
-            `beam_search`.
-        forced_ids, force_eos: a target prefix, and EOS at the limit, as
-            in `beam_search`.
-        decoding: as in `beam_search`.
-
-    Returns:
-        `(ids, scores)`: int32 `[batch, max_length]`, the generated tokens
-        (EOS, then 0s), and float32 `[batch]`, their total log-probability.
-    """
-    check_state_lengths(state_lengths, grow_state, max_length)
-    initial_ids = ops.cast(initial_ids, "int32")
-    batch_size = ops.shape(initial_ids)[0]
-    if sentence_max_length is None:
-        sentence_max_length = ops.full((batch_size,), max_length, dtype="int32")
-    sentence_max_length = ops.cast(sentence_max_length, "int32")
-    forced = forced_tokens(forced_ids, force_eos, eos_id, sentence_max_length)
-    positions = ops.arange(max_length + 1, dtype="int32")
-    ids = ops.where(
-        ops.equal(positions, 0)[None, :],
-        initial_ids[:, None],
-        ops.zeros((batch_size, max_length + 1), dtype="int32"),
-    )  # [B, L + 1]
-    initial = {
-        "index": ops.convert_to_tensor(0, dtype="int32"),
-        "ids": ids,
-        "log_prob": ops.zeros((batch_size,), dtype="float32"),
-        "finished": ops.zeros((batch_size,), dtype="bool"),
-        "state": initial_state,
-    }
-
-    def condition(search):
-        done = ops.logical_or(
-            search["finished"], ops.greater_equal(search["index"], sentence_max_length)
-        )
-        return ops.logical_and(
-            ops.less(search["index"], max_length), ops.logical_not(ops.all(done))
-        )
-
-    def body(search):
-        index, ids, finished = search["index"], search["ids"], search["finished"]
-        logits, state = step_fn(ids, index, search["state"])
-        logits = ops.cast(logits, "float32")
-        # The best token is the first that reaches the largest logit: two
-        # plain reductions, which XLA vectorizes better than its argmax.
-        vocabulary_size = ops.shape(logits)[-1]
-        best_logits = ops.max(logits, axis=-1)  # [B]
-        tokens = ops.min(
-            ops.where(
-                ops.equal(logits, best_logits[:, None]),
-                ops.arange(vocabulary_size, dtype="int32"),
-                vocabulary_size - 1,  # also the answer if no logit equals the max (NaN)
-            ),
-            axis=-1,
-        )  # [B]
-        token_log_probs = best_logits - ops.logsumexp(logits, axis=-1)  # log softmax at the token
-        if forced is not None:
-            forced_token, forcing = forced(index)
-            tokens = ops.where(forcing, forced_token, tokens)
-            token_log_probs = ops.where(forcing, 0.0, token_log_probs)
-        writing = ops.logical_and(
-            ops.logical_not(finished), ops.less(index, sentence_max_length)
-        )
-        ids = ops.where(
-            ops.logical_and(ops.equal(positions, index + 1)[None, :], writing[:, None]),
-            tokens[:, None],
-            ids,
-        )
-        return {
-            "index": index + 1,
-            "ids": ids,
-            "log_prob": search["log_prob"] + ops.where(writing, token_log_probs, 0.0),
-            "finished": ops.logical_or(
-                finished, ops.logical_and(writing, ops.equal(tokens, eos_id))
-            ),
-            "state": state,
-        }
-
-    search = while_in_phases(
-        condition, body, initial, state_lengths, grow_state,
-        loops=None if decoding is None else decoding.loops,
-    )
-    return search["ids"][:, 1:], search["log_prob"]

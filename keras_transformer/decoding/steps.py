@@ -11,7 +11,7 @@ from keras import ops
 
 from keras_transformer.backend import shapes
 from keras_transformer.decoding.beam_search import beam_search
-from keras_transformer.decoding.beam_search import greedy_search
+from keras_transformer.decoding.greedy_search import greedy_search
 from keras_transformer.models.config import POSITION_TABLES
 
 
@@ -43,6 +43,8 @@ def cached_step_function(model, source_ids, max_length, cache_length=None, decod
         `ids[:, index]` to `Transformer.decode_step` and returns the logits
         of position `index + 1` and the updated buffers. The state given
         is the search's alone: a step may write it in place.
+        `step_fn.narrow(start)` is the step function of sentences `start:`
+        alone (`beam_search`'s `narrow_step`).
     """
     encoder_output, encoder_padding_mask = model.encode(source_ids, decoding=decoding)
     cache = model.initial_cache(
@@ -53,22 +55,30 @@ def cached_step_function(model, source_ids, max_length, cache_length=None, decod
     cross_attention_cache = [block["cross_attention"] for block in cache]
     position_table = model.target_position_table(max_length)
 
-    def step_fn(ids, index, self_attention_cache):
-        step = None if decoding is None else decoding.for_step()
-        target_ids = shapes.slice(ids, [0, index], [shapes.shape(ids)[0], 1], decoding=step)
-        logits, updated = model.decode_step(
-            target_ids,
-            [
-                {"self_attention": s, "cross_attention": c}
-                for s, c in zip(self_attention_cache, cross_attention_cache)
-            ],
-            index,
-            encoder_padding_mask,
-            position_table,
-            decoding=step,
-        )
-        return logits[:, 0], [block["self_attention"] for block in updated]
+    def over(cross_attention_cache, encoder_padding_mask):
+        def step_fn(ids, index, self_attention_cache):
+            step = None if decoding is None else decoding.for_step()
+            target_ids = shapes.slice(ids, [0, index], [shapes.shape(ids)[0], 1], decoding=step)
+            logits, updated = model.decode_step(
+                target_ids,
+                [
+                    {"self_attention": s, "cross_attention": c}
+                    for s, c in zip(self_attention_cache, cross_attention_cache)
+                ],
+                index,
+                encoder_padding_mask,
+                position_table,
+                decoding=step,
+            )
+            return logits[:, 0], [block["self_attention"] for block in updated]
 
+        return step_fn
+
+    step_fn = over(cross_attention_cache, encoder_padding_mask)
+    # The sentences from `start` on, alone: `beam_search`'s `narrow_step`.
+    step_fn.narrow = lambda start: over(
+        keras.tree.map_structure(lambda x: x[start:], cross_attention_cache), encoder_padding_mask[start:]
+    )
     return step_fn, [block["self_attention"] for block in cache]
 
 
@@ -189,6 +199,7 @@ def search_translations(
         penalty=length_penalty,
         forced_ids=forced_ids,
         force_eos=force_eos,
+        narrow_step=step_fn.narrow,
         steps_per_iteration=search_steps_per_iteration(
             initial_state, beam_size, max_length, xla=decoding is not None and decoding.xla
         ),

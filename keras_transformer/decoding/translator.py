@@ -22,6 +22,7 @@ from keras_transformer.data.sentences import split_text
 from keras_transformer.data.tokenizers import load_tokenizer
 from keras_transformer.decoding.beam_search import check_alpha
 from keras_transformer.decoding.beam_search import check_length_penalty
+from keras_transformer.decoding.beam_search import sheds
 from keras_transformer.decoding import streaming
 from keras_transformer.decoding.compiled import CompiledFunction
 from keras_transformer.decoding.search_loop import check_prefix
@@ -176,8 +177,8 @@ class Translator:
             input_ranks=(2, 1, 0, 2) if self.target_prefix else (2, 1, 0),
             jit_compile=jit_compile,
             # Under torch, every shape's loops: a condition and a body per
-            # phase of the growing caches (up to 7), kept all at once.
-            traces=16 * len(self.row_counts()) * len(self.source_lengths),
+            # phase of the growing caches (up to 7) and per half shed, all kept.
+            traces=2 * (7 + sheds(batch_size)) * len(self.row_counts()) * len(self.source_lengths),
         )
         if warm_up:
             self.warm_up(None if warm_up is True else warm_up)
