@@ -98,11 +98,15 @@ def embedding_weights(source, target, output, ids, shared, where):
 def weights(config, tensors, ids):
     """Our weights by variable path, and the sharing of the embeddings."""
     prefix = "model.decoder"
-    # Tied matrices are saved under one of their names (M2M-100's: `shared`).
-    source = tensors.first("model.encoder.embed_tokens.weight", f"{prefix}.embed_tokens.weight", "model.shared.weight")
-    target = tensors.first(f"{prefix}.embed_tokens.weight", "model.encoder.embed_tokens.weight", "model.shared.weight")
+    # Tied matrices are saved under one of their names (M2M-100's: `shared`;
+    # any one of them, with the output layer's where that is tied too).
+    tied = ("lm_head.weight",) if config.get("tie_word_embeddings", False) else ()
+    source = tensors.first("model.encoder.embed_tokens.weight", f"{prefix}.embed_tokens.weight", "model.shared.weight",
+                           *tied)
+    target = tensors.first(f"{prefix}.embed_tokens.weight", "model.encoder.embed_tokens.weight", "model.shared.weight",
+                           *tied)
     output = tensors.first(f"{prefix}.output_projection.weight", "lm_head.weight", f"{prefix}.embed_tokens.weight",
-                           "model.shared.weight")
+                           "model.shared.weight", *("model.encoder.embed_tokens.weight" for _ in tied))
     for name, matrix, rows in (("model.encoder.embed_tokens.weight", source, "src_vocab_size"),
                                (f"{prefix}.embed_tokens.weight", target, "tgt_vocab_size"),
                                (f"{prefix}.output_projection.weight", output, "tgt_vocab_size")):

@@ -52,7 +52,9 @@ def weights(config, tensors, ids, shared):
     """Our weights by variable path, from the checkpoint's tensors."""
     num_heads = config["encoder_attention_heads"]
     if shared:
-        embedding = tensors.first("model.shared.weight", "model.encoder.embed_tokens.weight", "lm_head.weight")
+        # One matrix, saved under any of its names.
+        embedding = tensors.first("model.shared.weight", "model.encoder.embed_tokens.weight",
+                                  "model.decoder.embed_tokens.weight", "lm_head.weight")
         found = {"token_embedding/embeddings": ids.rows(embedding)}
     else:
         target = tensors.first("model.decoder.embed_tokens.weight", "lm_head.weight")
