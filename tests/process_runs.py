@@ -109,14 +109,14 @@ def newest_step(model_dir):
     return max(int(path.stem.split("-")[1]) for path in (model_dir / "checkpoints").glob("ckpt-*.keras"))
 
 
-def kill_one_then_resume_both(corpus, tmp_path, environments, within, whole):
+def kill_one_then_resume_both(corpus, tmp_path, environments, within, whole, extra=()):
     """Process 1 (the command and its child, as when its machine is gone) is
     killed at a random step; process 0 must stop within `within` seconds
     with one `error:` line and no traceback. Then process 1's newest
     checkpoint goes, as when it was killed before writing it: both,
     started again with --resume, must agree on the newest step both have,
     and end with the weights of the run `whole` (`uninterrupted`)."""
-    processes = start_two(corpus, tmp_path, "lost", environments, *RUN)
+    processes = start_two(corpus, tmp_path, "lost", environments, *RUN, *extra)
     started = time.time()
     kill_after = int(np.random.default_rng().choice([4, 6, 8]))
     written = tmp_path / "lost1" / "checkpoints" / f"ckpt-{kill_after:08d}.keras"
@@ -135,7 +135,8 @@ def kill_one_then_resume_both(corpus, tmp_path, environments, within, whole):
                 os.killpg(process.pid, signal.SIGKILL)
     err = (tmp_path / "lost0.err").read_text()
     stopped = time.time() - lost_at
-    assert stopped < within and processes[0].returncode == 1, (kill_after, lost_at - started, stopped, err[-3000:])
+    print(f"the survivor stopped {stopped:.1f} s after the kill")  # shown by pytest -s
+    assert stopped < within and processes[0].returncode == 75, (kill_after, lost_at - started, stopped, err[-3000:])
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, err[-3000:]
     assert "Traceback" not in err and "Terminating process" not in err, err[-3000:]
@@ -161,6 +162,61 @@ def kill_one_then_resume_both(corpus, tmp_path, environments, within, whole):
             tmp_path / f"lost{i}" / "checkpoints" / "ckpt-00000012.keras",
             whole / f"whole{i}" / "checkpoints" / "ckpt-00000012.keras",
         )
+
+
+def shared_directory_run(corpus, tmp_path, environments, whole):
+    """Two processes of one run of `RUN` pointed at one model directory:
+    the first writes it, the second reads it, and it ends with one
+    vocabulary, one set of checkpoints and the translator, equal to the
+    run `whole` (`uninterrupted`) whose processes wrote a directory each."""
+    shared = tmp_path / "shared"
+    processes = start_two(corpus, tmp_path, "shared", environments, *RUN, model_dirs=[shared, shared])
+    wait_for_all(processes, timeout=300)
+    assert [p.returncode for p in processes] == [0, 0], [(tmp_path / f"shared{i}.err").read_text()[-3000:] for i in range(2)]
+    outs = [(tmp_path / f"shared{i}.out").read_text() for i in range(2)]
+    assert f"model directory: {shared}, shared by the run's 2 processes; this one writes it" in outs[0]
+    assert "this one writes it" not in outs[1] and "the first process saved the translator" in outs[1]
+
+    def files(directory):  # TensorBoard's event files are named by host, time and process
+        return sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file() and "logs" not in p.parts)
+
+    assert files(shared) == files(whole / "whole0"), (files(shared), files(whole / "whole0"))
+    for name in ("ckpt-00000010.keras", "ckpt-00000012.keras"):
+        assert_same_checkpoints(shared / "checkpoints" / name, whole / "whole0" / "checkpoints" / name)
+    for got, want in zip(keras.saving.load_model(shared / "model.keras").get_weights(),
+                         keras.saving.load_model(whole / "whole0" / "model.keras").get_weights(), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def children(pid):
+    """The process ids of `pid`'s children (Linux)."""
+    with open(f"/proc/{pid}/task/{pid}/children") as file:
+        return [int(child) for child in file.read().split()]
+
+
+def restart_after_a_lost_child(corpus, tmp_path, environments, whole, extra=()):
+    """Process 1's training child, not its parent, is killed at a random
+    checkpoint of a run with one model directory and `--max-restarts 1`:
+    both parents start their children again with no person acting, and the
+    run ends with the weights of the run `whole` (`uninterrupted`)."""
+    shared = tmp_path / "restarted"
+    processes = start_two(corpus, tmp_path, "restarted", environments, *RUN, "--max-restarts", 1, *extra,
+                          model_dirs=[shared, shared])
+    kill_after = int(np.random.default_rng().choice([4, 6, 8]))
+    written = shared / "checkpoints" / f"ckpt-{kill_after:08d}.keras"
+    deadline = time.time() + 300
+    while not written.exists() and time.time() < deadline and processes[1].poll() is None:
+        time.sleep(0.01)
+    (child,) = children(processes[1].pid)
+    os.kill(child, signal.SIGKILL)
+    wait_for_all(processes, timeout=400)
+    errs = [(tmp_path / f"restarted{i}.err").read_text() for i in range(2)]
+    assert [p.returncode for p in processes] == [0, 0], (kill_after, errs[0][-3000:], errs[1][-3000:])
+    restarts = [re.findall(r"restart 1 of 1: a process of the run was lost; resuming from step (\d+)", err) for err in errs]
+    assert [len(found) for found in restarts] == [1, 1], errs
+    assert int(restarts[1][0]) >= kill_after and not any("error:" in err for err in errs), errs
+    assert_same_checkpoints(shared / "checkpoints" / "ckpt-00000012.keras",
+                            whole / "whole0" / "checkpoints" / "ckpt-00000012.keras")
 
 
 @contextlib.contextmanager

@@ -19,6 +19,8 @@ import pytest
 from process_runs import RUN
 from process_runs import corpus  # noqa: F401 (a fixture)
 from process_runs import kill_one_then_resume_both
+from process_runs import restart_after_a_lost_child
+from process_runs import shared_directory_run
 from process_runs import train
 from process_runs import uninterrupted
 
@@ -97,5 +99,17 @@ def test_two_processes_on_localhost_train_one_model_to_identical_weights(corpus,
 def test_a_lost_process_ends_the_other_with_one_error_line_and_both_resume_to_the_uninterrupted_weights(
     corpus, tmp_path, whole
 ):
-    # JAX's coordination service gives up on a process after 100 s without heartbeats.
-    kill_one_then_resume_both(corpus, tmp_path, processes_of_one_run, within=150, whole=whole)
+    # JAX's coordination service gives up on a process after 100 s without
+    # heartbeats by default; --heartbeat-timeout 20 must end the survivor within 40 s.
+    kill_one_then_resume_both(corpus, tmp_path, processes_of_one_run, within=40, whole=whole,
+                              extra=["--heartbeat-timeout", 20])
+
+
+def test_two_processes_train_into_one_shared_directory_as_into_one_each(corpus, whole, tmp_path):
+    shared_directory_run(corpus, tmp_path, processes_of_one_run, whole)
+
+
+def test_a_lost_child_restarts_on_both_processes_and_the_run_ends_with_the_uninterrupted_weights(
+    corpus, whole, tmp_path
+):
+    restart_after_a_lost_child(corpus, tmp_path, processes_of_one_run, whole, extra=["--heartbeat-timeout", 20])

@@ -10,6 +10,7 @@ import keras
 import pytest
 from process_runs import corpus  # noqa: F401 (a fixture)
 from process_runs import kill_one_then_resume_both
+from process_runs import shared_directory_run
 from process_runs import uninterrupted
 
 pytestmark = pytest.mark.skipif(
@@ -26,9 +27,17 @@ def workers_of_one_run(ports, index):
     )
 
 
+@pytest.fixture(scope="module")
+def whole(corpus, tmp_path_factory):
+    return uninterrupted(corpus, tmp_path_factory.mktemp("whole"), workers_of_one_run)
+
+
 def test_a_lost_worker_ends_the_other_with_one_error_line_and_both_resume_to_the_uninterrupted_weights(
-    corpus, tmp_path
+    corpus, tmp_path, whole
 ):
-    whole = uninterrupted(corpus, tmp_path, workers_of_one_run)
     # TensorFlow's coordination service declares a worker lost after 10 s without heartbeats.
     kill_one_then_resume_both(corpus, tmp_path, workers_of_one_run, within=60, whole=whole)
+
+
+def test_two_workers_train_into_one_shared_directory_as_into_one_each(corpus, whole, tmp_path):
+    shared_directory_run(corpus, tmp_path, workers_of_one_run, whole)

@@ -575,3 +575,39 @@ def test_resume_names_only_checkpoints_that_loaded_and_skips_damaged_or_refused_
     assert warning, resumed.stderr[-3000:]
     assert re.search(r"ckpt-00000999\.keras \(.*lambda", warning.group()) and "ckpt-00000008.keras (" in warning.group()
     assert PROGRESS.search(resumed.stdout) and (tmp_path / "run" / "model.keras").exists()
+
+
+@in_one_pass("torch", "the model directory's lock: file code, the same on every backend")
+def test_a_second_run_into_a_directory_in_use_is_refused_and_touches_nothing(files, tmp_path):
+    """A run is frozen (SIGSTOP) after its first checkpoint; another run
+    pointed at its directory, new or resumed, exits with one `error:` line
+    naming the first, and every file of the first stays as it was. Once
+    the first is killed, its own `--resume` takes the directory again."""
+    import hashlib
+
+    model_dir = tmp_path / "run"
+    first = cli(*train_arguments(files, model_dir, "--train-steps", 400, "--checkpoint-every", 5,
+                                 "--valid-bleu-sentences", 0), wait=False)
+    checkpoint = model_dir / "checkpoints" / "ckpt-00000005.keras"
+    deadline = time.time() + 300
+    while not checkpoint.exists() and time.time() < deadline and first.poll() is None:
+        time.sleep(0.01)
+    first.send_signal(signal.SIGSTOP)
+    try:
+        def hashes():
+            return {path: hashlib.sha256(path.read_bytes()).hexdigest() for path in model_dir.rglob("*") if path.is_file()}
+
+        before = hashes()
+        assert checkpoint in before, "the first run ended before its first checkpoint"
+        for extra in ([], ["--resume"]):
+            line = cli_error(*train_arguments(files, model_dir, "--train-steps", 400, *extra))
+            assert f"{model_dir} is in use by another training run (process {first.pid} on" in line, line
+            assert "\n" not in line
+        assert hashes() == before
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.send_signal(signal.SIGCONT)
+        first.communicate()
+    again = cli(*train_arguments(files, model_dir, "--train-steps", 5, "--valid-bleu-sentences", 0), "--resume")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming from ckpt-00000005.keras" in again.stdout

@@ -1,5 +1,6 @@
 """Checkpoints every N steps, resumption after a crash, and averaging."""
 
+import contextlib
 import glob
 import os
 import re
@@ -11,6 +12,7 @@ import numpy as np
 from keras_transformer.checks import describe_error
 from keras_transformer.files import PARTIAL_PREFIX
 from keras_transformer.files import atomic_path
+from keras_transformer.training.distribution import local_reads
 
 CHECKPOINT_PATTERN = "ckpt-{step:08d}.keras"
 CHECKPOINT_NAME = re.compile(r"ckpt-(\d+)\.keras")
@@ -81,7 +83,10 @@ class SaveCheckpoints(keras.callbacks.Callback):
         os.makedirs(self.directory, exist_ok=True)
         step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
         path = os.path.join(self.directory, CHECKPOINT_PATTERN.format(step=step))
-        with atomic_path(path) as temporary:
+        # This process's copy alone: under a distribution across processes
+        # the save's transfers would be collectives, which a run whose first
+        # process alone writes (one shared directory) cannot meet.
+        with atomic_path(path) as temporary, local_reads():
             self.model.save(temporary)
         for old in list_checkpoints(self.directory)[: -self.keep]:
             os.remove(old)
@@ -121,8 +126,10 @@ def newest_readable(directory, stacklevel=2):
             )
         return None, None
     for path in unreadable:
-        # Out of the way of later writes and of averaging, kept to inspect.
-        os.replace(path, os.path.join(directory, UNREADABLE_PREFIX + os.path.basename(path)))
+        # Out of the way of later writes and of averaging, kept to inspect
+        # (in a shared directory, by whichever process of the run is first).
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(path, os.path.join(directory, UNREADABLE_PREFIX + os.path.basename(path)))
     if unreadable:
         warnings.warn(
             f"Skipped {len(unreadable)} checkpoint(s) that cannot be read: "

@@ -38,14 +38,23 @@ class Distribution:
         devices: TensorFlow or JAX device names to replicate over (such as
             `["/cpu:0", "/cpu:1"]` or JAX's devices); every accelerator when
             None.
+        heartbeat_timeout: seconds after which a silent process is lost,
+            for a run of several: `jax.distributed`'s heartbeat timeout (100
+            by default); under TensorFlow, the collectives' timeout
+            (`CommunicationOptions`; its coordination service's heartbeats
+            are not public, and declare a worker lost after about 10 s).
+            None for the engine's default.
     """
 
-    def __init__(self, devices=None):
+    def __init__(self, devices=None, heartbeat_timeout=None):
+        if heartbeat_timeout is not None and (
+                isinstance(heartbeat_timeout, bool) or not isinstance(heartbeat_timeout, int) or heartbeat_timeout < 1):
+            raise ValueError(f"heartbeat_timeout must be whole seconds >= 1. Received: {heartbeat_timeout!r}")
         self.backend = keras.backend.backend()
         self._strategy = None
         self.data_shard = (0, 1)
         if self.backend == "tensorflow":
-            self._strategy = _tensorflow_strategy(devices)
+            self._strategy = _tensorflow_strategy(devices, heartbeat_timeout)
             self.num_replicas = self._strategy.num_replicas_in_sync
         elif self.backend == "jax":
             import jax
@@ -54,12 +63,13 @@ class Distribution:
                 os.environ.get("JAX_COORDINATOR_ADDRESS")
                 and not jax.distributed.is_initialized()
             ):
-                # Keras's initialize also agrees on one seed when none is set.
-                keras.distribution.initialize(
-                    os.environ["JAX_COORDINATOR_ADDRESS"],
-                    _int_or_none(os.environ.get("JAX_NUM_PROCESSES")),
-                    _int_or_none(os.environ.get("JAX_PROCESS_ID")),
-                )
+                where = (os.environ["JAX_COORDINATOR_ADDRESS"], _int_or_none(os.environ.get("JAX_NUM_PROCESSES")),
+                         _int_or_none(os.environ.get("JAX_PROCESS_ID")))
+                if heartbeat_timeout is None:
+                    # Keras's initialize also agrees on one seed when none is set.
+                    keras.distribution.initialize(*where)
+                else:  # which Keras's does not pass on (the run sets its seed)
+                    jax.distributed.initialize(*where, heartbeat_timeout_seconds=heartbeat_timeout)
             devices = devices if devices is not None else jax.devices()
             self.num_replicas = len(devices)
             self.data_shard = (jax.process_index(), jax.process_count())
@@ -83,8 +93,20 @@ class Distribution:
     def processes(self):
         """How many processes train together: JAX processes or TensorFlow workers."""
         if self.backend == "tensorflow":
-            return max(1, len(_tensorflow_cluster().get("worker", [])))
+            return max(1, tensorflow_workers())
         return self.data_shard[1]
+
+    @property
+    def process_index(self):
+        """This process's number in the run: JAX's process index, or the
+        TensorFlow worker's task index."""
+        if self.backend == "tensorflow" and tensorflow_workers() > 1:
+            return int(json.loads(os.environ["TF_CONFIG"]).get("task", {}).get("index", 0))
+        return self.data_shard[0]
+
+    def barrier(self):
+        """Returns when every process of the run has called it."""
+        self.least(0)
 
     def least(self, value):
         """The least of every process's integer `value`; each process calls
@@ -134,15 +156,15 @@ def _int_or_none(value):
     return None if value in (None, "") else int(value)
 
 
-def _tensorflow_cluster():
-    """The cluster `TF_CONFIG` describes (its "worker" list), or {}."""
-    return json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
+def tensorflow_workers():
+    """How many workers `TF_CONFIG`'s cluster names (0 without one)."""
+    return len(json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {}).get("worker", []))
 
 
-def _tensorflow_strategy(devices):
+def _tensorflow_strategy(devices, heartbeat_timeout=None):
     import tensorflow as tf
 
-    if len(_tensorflow_cluster().get("worker", [])) > 1:
+    if tensorflow_workers() > 1:
 
         class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
             """Works around two Keras 3.15 calls that the collective
@@ -159,7 +181,8 @@ def _tensorflow_strategy(devices):
                     axis = None  # a scalar per replica: reduce across replicas
                 return super().reduce(reduce_op, value, axis)
 
-        return MultiWorkerMirroredStrategy()
+        return MultiWorkerMirroredStrategy(communication_options=tf.distribute.experimental.CommunicationOptions(
+            timeout_seconds=None if heartbeat_timeout is None else float(heartbeat_timeout)))
     if devices is not None:
         return tf.distribute.MirroredStrategy(devices)
     gpus = tf.config.list_logical_devices("GPU")

@@ -49,6 +49,7 @@ from keras_transformer.training.checkpoints import newest_readable
 from keras_transformer.training.checkpoints import trained_steps
 from keras_transformer.training.distribution import Distribution
 from keras_transformer.training.distribution import local_reads
+from keras_transformer.training.model_directory import hold_directory
 from keras_transformer.training.progress import ProgressLog
 from keras_transformer.training.progress import ValidationBLEU
 from keras_transformer.training.progress import format_duration
@@ -63,11 +64,12 @@ from keras_transformer.training.config import PREPARED_DIR
 from keras_transformer.training.config import TrainingConfig
 
 VALID_BUCKETS = 2
+
 # A checkpoint newer than every process's: kept aside, out of the resume's way.
 AHEAD_PREFIX = ".ahead-"
 
 
-def prepare_model_dir(config, resume=False):
+def prepare_model_dir(config, resume=False, write=True):
     """Checks that `config.model_dir` can take this run, and saves the config.
 
     A directory holding another run's checkpoints is refused unless
@@ -119,8 +121,9 @@ def prepare_model_dir(config, resume=False):
         )
     else:
         reached, path = 0, None
-    check_writable(os.path.join(model_dir, "checkpoints"))
-    config.save()
+    if write:  # else another process of the run writes the directory
+        check_writable(os.path.join(model_dir, "checkpoints"))
+        config.save()
     return reached, path
 
 
@@ -129,7 +132,7 @@ def read_corpus(sources, targets, name):
     return concatenate([read_parallel_text(s, t) for s, t in zip(sources, targets)], name)
 
 
-def train_translator(config, resume=False, log=print, verbose=0):
+def train_translator(config, resume=False, log=print, verbose=0, heartbeat_timeout=None):
     """Trains a translator as `config` says, and saves it in its model dir.
 
     The model directory then holds what `Translator.load` (and the
@@ -145,14 +148,21 @@ def train_translator(config, resume=False, log=print, verbose=0):
         resume: continue the run already in `config.model_dir`.
         log: where progress lines go.
         verbose: Keras's own progress output (0: none, as `log` has it).
+        heartbeat_timeout: for a run of several processes, the seconds
+            after which a silent one is lost (`Distribution`).
 
     Returns:
         The saved `Translator`.
     """
     config.validate()
     # First: JAX's processes join before anything starts JAX (a checkpoint read).
-    distribution = Distribution()
-    reached, resumed_from = prepare_model_dir(config, resume)
+    distribution = Distribution(heartbeat_timeout=heartbeat_timeout)
+    with hold_directory(distribution, config.model_dir, log) as turns:
+        return _train(config, resume, log, verbose, distribution, turns)
+
+
+def _train(config, resume, log, verbose, distribution, turns):
+    reached, resumed_from = prepare_model_dir(config, resume, write=turns.writes)
     if resume and distribution.processes > 1:
         reached, resumed_from = _common_checkpoint(distribution, config.model_dir, reached, resumed_from, log)
     keras.utils.set_random_seed(config.seed)
@@ -163,8 +173,8 @@ def train_translator(config, resume=False, log=print, verbose=0):
             + ("; nothing left to train, the translator is saved again from the checkpoints" if reached >= config.train_steps else "")
         )
 
-    tokenizer = _vocabulary(config, log)
-    train = _training_pairs(config, tokenizer, log)
+    tokenizer = turns.in_turn(lambda: _vocabulary(config, log, write=turns.writes))
+    train = turns.in_turn(lambda: _training_pairs(config, tokenizer, log))
     valid = _validation_pairs(config)
     log(valid.summary())
 
@@ -211,7 +221,7 @@ def train_translator(config, resume=False, log=print, verbose=0):
     callbacks = [
         ProgressLog(
             config.train_steps, every=config.log_every, log=log,
-            curve_path=os.path.join(config.model_dir, CURVE_FILE),
+            curve_path=os.path.join(config.model_dir, CURVE_FILE) if turns.writes else None,
         )
     ]
     greedy = Translator(
@@ -221,14 +231,15 @@ def train_translator(config, resume=False, log=print, verbose=0):
     callbacks.append(
         ValidationBLEU(
             greedy, bleu_sources, bleu_references,
-            history_path=os.path.join(config.model_dir, HISTORY_FILE), log=log,
+            history_path=os.path.join(config.model_dir, HISTORY_FILE) if turns.writes else None, log=log,
         )
     )
     model = fit(
         model, train_data, config.model_dir, config.train_steps,
         checkpoint_every=config.checkpoint_every, keep_checkpoints=config.keep_checkpoints or config.average,
-        validation_data=valid_data, callbacks=callbacks, verbose=verbose,
+        validation_data=valid_data, callbacks=callbacks, verbose=verbose, write=turns.writes,
     )
+    turns.after_writer()  # its last checkpoint is written
 
     checkpoints = list_checkpoints(os.path.join(config.model_dir, "checkpoints"))
     kept = checkpoints[-config.average :]
@@ -238,9 +249,11 @@ def train_translator(config, resume=False, log=print, verbose=0):
         max_extra_length=config.max_extra_length, max_source_length=config.max_tokens,
         length_penalty=_length_penalty(config), languages=_languages(config),
     )
-    translator.save(config.model_dir)
+    if turns.writes:
+        with local_reads():  # as checkpoints are saved (`SaveCheckpoints`)
+            translator.save(config.model_dir)
     log(
-        f"saved the translator (the average of {len(kept)} checkpoint{'s' * (len(kept) > 1)}: "
+        ("saved" if turns.writes else "the first process saved") + f" the translator (the average of {len(kept)} checkpoint{'s' * (len(kept) > 1)}: "
         + ", ".join(os.path.basename(path) for path in kept)
         + f") in {config.model_dir} after {format_duration(time.time() - started)}"
     )
@@ -328,9 +341,10 @@ def _initial_model(config, tokenizer):
     return model
 
 
-def _vocabulary(config, log):
+def _vocabulary(config, log, write=True):
     """The run's vocabulary: its own when resuming, the started-from
-    translator's, the given one, or new."""
+    translator's, the given one, or new; saved in the run's directory
+    (`write`), or read there where another process saved it."""
     own = os.path.join(config.model_dir, VOCABULARY_FILE)
     given = config.train_data or config.vocabulary
     converted = os.path.isfile(os.path.join(config.model_dir, CONVERTED_TOKENIZER_FILE))
@@ -338,7 +352,8 @@ def _vocabulary(config, log):
         # A resumed run reads its own copy; a new one copies the translator's.
         where = config.model_dir if converted or os.path.isfile(own) else config.init_from
         tokenizer = load_tokenizer(where)
-        tokenizer.save(config.model_dir)
+        if write:
+            tokenizer.save(config.model_dir)
         log(f"vocabulary: {tokenizer.vocabulary_size} ids from {where}")
         return tokenizer
     if os.path.isfile(own) or os.path.isfile(os.path.join(config.model_dir, VOCABULARY_CONFIG_FILE)):
@@ -357,14 +372,16 @@ def _vocabulary(config, log):
             log(f"vocabulary: {error} Making it again as the run first did (no checkpoint needs another).")
     if given is not None:
         tokenizer = SubwordTokenizer.load(given)
-        tokenizer.save(config.model_dir)
+        if write:
+            tokenizer.save(config.model_dir)
         log(f"vocabulary: {tokenizer.vocabulary_size} pieces from {given}")
     else:
         start = time.time()
         tokenizer = train_vocabulary(
             config.train_source, config.train_target, config.vocabulary_size, seed=config.seed
         )
-        tokenizer.save(config.model_dir)
+        if write:
+            tokenizer.save(config.model_dir)
         log(
             f"vocabulary: trained {tokenizer.vocabulary_size} shared BPE pieces in "
             f"{time.time() - start:.0f}s"

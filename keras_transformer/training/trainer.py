@@ -206,6 +206,7 @@ def fit(
     validation_data=None,
     callbacks=(),
     verbose="auto",
+    write=True,
 ):
     """Trains for `train_steps` steps, resuming from `model_dir` if it can.
 
@@ -239,6 +240,8 @@ def fit(
             TensorFlow Keras reads them on the main thread, once a call of
             `steps_per_execution` steps.
         verbose: the Keras progress-bar setting.
+        write: False where another process of the run writes `model_dir`
+            (the same weights: this one reads its checkpoints only).
 
     Returns:
         The trained model: `model`, or the one restored from a checkpoint.
@@ -247,7 +250,8 @@ def fit(
     checkpoint_every = check_count("checkpoint_every", checkpoint_every)
     keep_checkpoints = check_count("keep_checkpoints", keep_checkpoints)
     checkpoint_dir = os.path.join(model_dir, "checkpoints")
-    check_writable(checkpoint_dir)
+    if write:
+        check_writable(checkpoint_dir)
     # Under a TensorFlow strategy the checkpoint's variables must be the
     # strategy's too, or the restored model would train on one device.
     strategy = getattr(model, "distribute_strategy", None)
@@ -272,13 +276,11 @@ def fit(
     # checkpoint that a resume starts from, and a resume redoes it.
     # The loss check comes after the others' step hooks, which see the
     # step it stops at (Keras skips the rest of a step's hooks once one raises).
-    callbacks = [
-        *callbacks,
-        StopOnNonFiniteLoss(),
-        SaveCheckpoints(checkpoint_dir, keep=keep_checkpoints),
-    ]
+    callbacks = [*callbacks, StopOnNonFiniteLoss()]
+    if write:
+        callbacks.append(SaveCheckpoints(checkpoint_dir, keep=keep_checkpoints))
     # Keras writes TensorBoard logs through TensorFlow, which is optional.
-    if tensorflow_beside_backend() is not None:
+    if write and tensorflow_beside_backend() is not None:
         # Epoch logs only. Its step hook writes nothing without a per-step
         # writer, but would make Keras read every step's logs back first;
         # on Keras's threads it must not touch the model, as the graph it
