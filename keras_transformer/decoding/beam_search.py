@@ -357,7 +357,7 @@ def beam_search(
         """The search of sentences `start:` from `search`, theirs. Rows in
         order of length, the first half's done, the rest run on without
         them (`SHED_FROM`); the state then keeps its last phase's length."""
-        condition, body, sentence_done, _ = searching(start)
+        condition, body, sentence_done, _ = whole if start == 0 else searching(start)
         loops = None if decoding is None else decoding.loops
         rows = batch_size - start
         if narrow_step is None or not isinstance(rows, int) or rows < SHED_FROM:
@@ -382,8 +382,9 @@ def beam_search(
             for name in search if name not in ("index", "state")
         }}
 
+    whole = searching(0)  # the whole batch's, made once: the loop's and the final gathers'
     search = run(0, initial, state_lengths)
-    gather_beams = searching(0)[3]
+    gather_beams = whole[3]
 
     # Finished hypotheses first (they are sorted and come before the empty
     # slots), then the best alive ones, which reached the sentence's limit.
