@@ -77,9 +77,10 @@ at p50 and p99, precision for precision (below 1: ours answers sooner).
 Without `--batch-sizes`, `--latency` runs alone, without the batches.
 
 `--converted --convert-memory` measures `convert` itself: a child process
-imports the package, reads its resident memory, converts the random
-OPUS-MT-size checkpoint (safetensors), and reports its peak resident memory
-above that, over the model's float32 size (parameters x 4 bytes).
+imports the package (and what Keras imports at its first serialization:
+TensorFlow, where it is installed), reads its resident memory, converts the
+random OPUS-MT-size checkpoint (safetensors), and reports its peak resident
+memory above that, over the model's float32 size (parameters x 4 bytes).
 
 `--torch-paths` (Keras's torch backend) times what each of the package's
 torch-only decoding paths buys, in the process settings `translate` runs
@@ -887,17 +888,21 @@ def run_engines(args, sentences=None):
 
 # `--convert-memory`'s child: convert argv[1] into argv[2], print the peak.
 CONVERT_MEMORY = """
-import json, resource, sys
-def resident():
+import json, sys
+def status(key):
     with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith(key + ":"))
 import keras, safetensors
 from keras_transformer.convert import convert
 keras.ops.convert_to_numpy(keras.ops.ones((2, 2)) @ keras.ops.ones((2, 2)))  # the backend started, as after imports
-before = resident()
+# Keras imports TensorFlow, where it is installed, when it first serializes
+# anything (under every backend): an import, of the same size for any model.
+keras.saving.serialize_keras_object(keras.layers.Dense(1))
+before = status("VmRSS")
+with open("/proc/self/clear_refs", "w") as clear:
+    clear.write("5")  # the peak from here on: the imports' own peak is not convert's
 translator = convert(sys.argv[1], sys.argv[2])
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print(json.dumps({"parameters": translator.model.count_params(), "after_imports": before, "peak": peak}))
+print(json.dumps({"parameters": translator.model.count_params(), "after_imports": before, "peak": status("VmHWM")}))
 """
 
 

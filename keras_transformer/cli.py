@@ -226,7 +226,7 @@ def train(args):
 
 
 def average(args):
-    from keras_transformer.files import atomic_path
+    from keras_transformer.files import save_keras_model
     from keras_transformer.training.checkpoints import average_checkpoints
 
     for path in args.checkpoints:
@@ -236,8 +236,7 @@ def average(args):
         raise ValueError(f"--output must name a .keras file; received {args.output}.")
     check_writable(args.output)
     model = average_checkpoints(args.checkpoints)
-    with atomic_path(args.output) as temporary:
-        model.save(temporary)
+    save_keras_model(model, args.output)
     print(f"Averaged {len(args.checkpoints)} checkpoints into {args.output}")
 
 

@@ -9,7 +9,9 @@ its temporary file and names the file it could not write.
 import contextlib
 import glob
 import os
+import shutil
 import tempfile
+import zipfile
 
 # The prefix of a temporary file: hidden, and never a name a reader takes.
 PARTIAL_PREFIX = ".partial-"
@@ -38,7 +40,7 @@ def atomic_path(path):
         os.makedirs(directory, exist_ok=True)
         # What a killed write of this file left behind.
         for stale in glob.glob(os.path.join(glob.escape(directory), glob.escape(PARTIAL_PREFIX + name) + ".*")):
-            _remove(stale)
+            remove(stale)
         handle, temporary = tempfile.mkstemp(
             prefix=PARTIAL_PREFIX + name + ".", suffix=os.path.splitext(name)[1], dir=directory
         )
@@ -50,13 +52,13 @@ def atomic_path(path):
         _sync(temporary)
         os.replace(temporary, path)
     except CannotWrite:
-        _remove(temporary)
+        remove(temporary)
         raise
     except OSError as error:
-        _remove(temporary)
+        remove(temporary)
         raise CannotWrite(path, error) from None
     except BaseException:
-        _remove(temporary)
+        remove(temporary)
         raise
 
 
@@ -69,12 +71,41 @@ def write_atomically(path, content):
             file.write(content)
 
 
+def save_keras_model(model, path):
+    """Writes `model` to the `.keras` file `path`, through a temporary file
+    as every file here, with its weights written to disk first.
+
+    Keras writes the weights of a model under half the machine's memory
+    into memory, and then into the archive: a second copy of the model at
+    once, which a converted model's peak memory would be. Saved unzipped in
+    a folder beside the file, then archived file by file, the `.keras` file
+    holds the same files, stored uncompressed, as Keras's own.
+    """
+    with atomic_path(path) as temporary:
+        # Named after the temporary file, so that the next write clears it
+        # where a kill left it.
+        unzipped = tempfile.mkdtemp(prefix=os.path.basename(temporary) + ".", dir=os.path.dirname(temporary))
+        try:
+            folder = os.path.join(unzipped, "model")
+            model.save(folder, zipped=False)
+            with zipfile.ZipFile(temporary, "w") as archive:
+                for parent, _, names in os.walk(folder):
+                    for name in sorted(names):
+                        archive.write(os.path.join(parent, name), os.path.relpath(os.path.join(parent, name), folder))
+        finally:
+            remove(unzipped)
+
+
 def _sync(path):
     with open(path, "rb+") as file:
         os.fsync(file.fileno())
 
 
-def _remove(path):
+def remove(path):
+    """Removes the file or folder `path`, if it is there."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+        return
     with contextlib.suppress(FileNotFoundError):
         os.remove(path)
 

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import zipfile
 
 import numpy as np
 import pytest
@@ -115,3 +116,35 @@ def test_a_kill_inside_a_translator_save_leaves_the_saved_translator_whole(tmp_p
     assert loaded.beam_size == 2  # the old settings, whole
     for got, want in zip(loaded.model.get_weights(), model.get_weights()):
         np.testing.assert_array_equal(got, want)
+
+
+def test_a_keras_file_saved_through_disk_holds_keras_s_own_files_and_loads_exactly(tmp_path):
+    """`save_keras_model` writes the weights to a folder, then archives it:
+    the same members as Keras's own `model.save`, the same weights on
+    loading, and no folder left behind."""
+    import keras
+
+    import keras_transformer as kt
+    from keras_transformer.files import save_keras_model
+
+    model = kt.build_transformer("tiny", vocabulary_size=40, num_layers=1)
+    save_keras_model(model, str(tmp_path / "ours.keras"))
+    model.save(tmp_path / "keras.keras")
+    with zipfile.ZipFile(tmp_path / "ours.keras") as ours, zipfile.ZipFile(tmp_path / "keras.keras") as theirs:
+        assert sorted(ours.namelist()) == sorted(theirs.namelist())
+        assert ours.read("config.json") == theirs.read("config.json")
+    loaded = keras.saving.load_model(tmp_path / "ours.keras", compile=False)
+    assert [w.path for w in loaded.weights] == [w.path for w in model.weights]
+    for got, want in zip(loaded.weights, model.weights):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(got), keras.ops.convert_to_numpy(want))
+    assert sorted(os.listdir(tmp_path)) == ["keras.keras", "ours.keras"]
+
+
+def test_the_next_write_clears_the_folder_a_killed_keras_save_left(tmp_path):
+    left = tmp_path / f"{PARTIAL_PREFIX}model.keras.x1y2.keras.z3" / "model"
+    left.mkdir(parents=True)
+    (left / "model.weights.h5").write_bytes(b"half the weights")
+    with atomic_path(tmp_path / "model.keras") as temporary:
+        with open(temporary, "wb") as file:
+            file.write(b"a model")
+    assert os.listdir(tmp_path) == ["model.keras"]

@@ -354,7 +354,8 @@ def test_a_run_killed_at_each_of_its_file_writes_in_turn_resumes_to_its_end(file
     for record in killed:
         run_dir = tmp_path / str(record["write"])
         assert sorted(os.listdir(run_dir / "checkpoints")) == ["ckpt-00000001.keras"]
-        left = [name for _, _, names in os.walk(run_dir) for name in names if name.startswith((".partial-", ".write-check"))]
+        left = [name for _, folders, names in os.walk(run_dir) for name in folders + names
+                if name.startswith((".partial-", ".write-check"))]
         assert not left, (record, left)
         assert [json.loads(line)["step"] for line in (run_dir / "history.jsonl").read_text().splitlines()] == [1]
         assert len(kt.Translator.load(run_dir).translate(["abc de"])) == 1

@@ -31,8 +31,9 @@ try:  # what each run would import for its TensorBoard logs (2-3 s), imported on
 except ImportError:
     pass
 
-# atomic_path's temporary names: PARTIAL_PREFIX + name + "." + random + suffix.
-PARTIAL = re.compile(re.escape(PARTIAL_PREFIX) + r"(.+)\.[^.]+\.[^.]+$")
+# atomic_path's temporary names: PARTIAL_PREFIX + name + "." + random + suffix;
+# a `.keras` file's first, unzipped, in a folder named that + "." + random.
+PARTIAL = re.compile(re.escape(PARTIAL_PREFIX) + r"(.+?)\.[^./]+\.[^./]+(\.[^./]+/.*)?$")
 
 
 def kill_at_write(folder, count, hit):

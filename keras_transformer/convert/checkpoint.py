@@ -5,6 +5,7 @@ empty."""
 
 import collections.abc
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -154,29 +155,39 @@ def shards(directory, name):
     return files
 
 
+def open_safetensors(path):
+    from safetensors import safe_open  # the `convert` extra's
+
+    return safe_open(path, framework="np")
+
+
 class SafetensorsFiles(collections.abc.Mapping):
     """The tensors of safetensors files by name, each read as float32 when
     it is asked for: a conversion holds the tensors it is converting, not
-    the whole checkpoint beside the model it fills."""
+    the whole checkpoint beside the model it fills. Each read maps its file
+    anew and unmaps it after, so that the pages read do not stay resident."""
 
     def __init__(self, paths):
-        from safetensors import safe_open
-
         self.files = {}
         for path in paths:
             try:
-                handle = safe_open(path, framework="np")
-                names = list(handle.keys())
+                with open_safetensors(path) as handle:
+                    names = list(handle.keys())
             except Exception as error:  # noqa: BLE001 - any unreadable file
                 raise ConversionError(f"{path} cannot be read as safetensors ({error}).") from None
-            self.files |= dict.fromkeys(names, (handle, path))
+            self.files |= dict.fromkeys(names, path)
 
     def __getitem__(self, name):
-        handle, path = self.files[name]
+        path = self.files[name]
         try:
-            return np.asarray(handle.get_tensor(name), np.float32)
+            with open_safetensors(path) as handle:
+                return np.asarray(handle.get_tensor(name), np.float32)
         except Exception as error:  # noqa: BLE001 - a truncated or unreadable tensor
             raise ConversionError(f"{path}: the tensor {name!r} cannot be read ({error}).") from None
+
+    def shape(self, name):
+        with open_safetensors(self.files[name]) as handle:
+            return tuple(handle.get_slice(name).get_shape())
 
     def __iter__(self):
         return iter(self.files)
@@ -223,16 +234,33 @@ class Tensors:
     def first(self, *names):
         """The first of `names` the checkpoint has (tied weights are saved
         under one of their names)."""
+        return self.tensors[self.name_of(*names)]
+
+    def shape(self, *names):
+        """The shape of `first(*names)`, read from the file's header where
+        the tensors are read lazily."""
+        name = self.name_of(*names)
+        if isinstance(self.tensors, SafetensorsFiles):
+            return self.tensors.shape(name)
+        return tuple(np.shape(self.tensors[name]))
+
+    def name_of(self, *names):
         for name in names:
             if name in self.tensors:
-                return self.tensors[name]
+                return name
         raise ConversionError(f"{self.source} lacks the tensor {names[0]!r}" + (
             f" (or {', '.join(map(repr, names[1:]))})" if len(names) > 1 else ""
         ) + ".")
 
-    def linear(self, prefix):
-        """torch's `Linear` at `prefix`: `(W^T [in, out], b [out])`."""
-        return self.first(f"{prefix}.weight").T, self.first(f"{prefix}.bias")
+    def later(self, *names, then=None):
+        """A function of no arguments that reads the first of `names` and
+        gives `then` of it: a weight read when it is made, so that a
+        conversion holds one tensor at a time, not the whole checkpoint."""
+        return functools.partial(self._read, names, then)
+
+    def _read(self, names, then):
+        tensor = self.first(*names)
+        return tensor if then is None else then(tensor)
 
 
 def sinusoids_in_halves(length, d_model, inverse_frequencies, first_position=0):

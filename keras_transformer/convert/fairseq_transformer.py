@@ -68,30 +68,41 @@ def id_map(config, unknown=3):
     )
 
 
-def sharing(source, target, output, tied):
-    """Which of our layouts holds the three matrices: one shared ("all"),
-    the target embedding with the output ("target"), or three ("none")."""
-    if tied or (source.shape == target.shape and np.array_equal(source, target) and np.array_equal(target, output)):
+def sharing(tensors, names, tied):
+    """Which of our layouts holds the three matrices (`names` by side:
+    source, target, output): one shared ("all"), the target embedding with
+    the output ("target"), or three ("none"). Untied matrices are read to
+    compare."""
+    if tied:
+        return "all"
+    source, target, output = (tensors.first(*names[side]) for side in ("source", "target", "output"))
+    if source.shape == target.shape and np.array_equal(source, target) and np.array_equal(target, output):
         return "all"
     return "target" if np.array_equal(target, output) else "none"
 
 
-def embedding_weights(source, target, output, ids, shared, where):
+def embedding_weights(tensors, names, ids, shared):
     """The embeddings and the logits bias by variable path, from the
-    published `[vocabulary, d_model]` matrices (rows in published order)."""
+    published `[vocabulary, d_model]` matrices (rows in published order),
+    each read when it is made."""
+    shapes = {side: tensors.shape(*names[side]) for side in names}
     if shared == "all":
-        if not (source.shape == target.shape == output.shape):
+        if len(set(shapes.values())) > 1:
             raise ConversionError(
-                f"{where}: the embeddings are shared, but the source embedding has shape {source.shape}, the "
-                f"target embedding {target.shape} and the output projection {output.shape}; expected one shape."
+                f"{tensors.source}: the embeddings are shared, but the source embedding has shape {shapes['source']}, "
+                f"the target embedding {shapes['target']} and the output projection {shapes['output']}; expected "
+                "one shape."
             )
-        found = {"token_embedding/embeddings": ids.rows(target)}
+        found = {"token_embedding/embeddings": tensors.later(*names["target"], then=ids.rows)}
     else:
-        found = {"source_embedding/embeddings": ids.rows(source), "target_embedding/embeddings": ids.rows(target)}
+        found = {
+            "source_embedding/embeddings": tensors.later(*names["source"], then=ids.rows),
+            "target_embedding/embeddings": tensors.later(*names["target"], then=ids.rows),
+        }
         if shared == "none":
-            found["output_projection/embeddings"] = ids.rows(output)
+            found["output_projection/embeddings"] = tensors.later(*names["output"], then=ids.rows)
     # The target vocabulary's rows have logit bias 0.
-    found["logits_bias/bias"] = logits_bias(ids, np.zeros(len(output), np.float32))
+    found["logits_bias/bias"] = logits_bias(ids, np.zeros(shapes["output"][0], np.float32))
     return found
 
 
@@ -100,23 +111,25 @@ def weights(config, tensors, ids):
     prefix = "model.decoder"
     # Tied matrices are saved under one of their names (M2M-100's: `shared`;
     # any one of them, with the output layer's where that is tied too).
-    tied = ("lm_head.weight",) if config.get("tie_word_embeddings", False) else ()
-    source = tensors.first("model.encoder.embed_tokens.weight", f"{prefix}.embed_tokens.weight", "model.shared.weight",
-                           *tied)
-    target = tensors.first(f"{prefix}.embed_tokens.weight", "model.encoder.embed_tokens.weight", "model.shared.weight",
-                           *tied)
-    output = tensors.first(f"{prefix}.output_projection.weight", "lm_head.weight", f"{prefix}.embed_tokens.weight",
-                           "model.shared.weight", *("model.encoder.embed_tokens.weight" for _ in tied))
-    for name, matrix, rows in (("model.encoder.embed_tokens.weight", source, "src_vocab_size"),
-                               (f"{prefix}.embed_tokens.weight", target, "tgt_vocab_size"),
-                               (f"{prefix}.output_projection.weight", output, "tgt_vocab_size")):
-        if matrix.shape != (config[rows], config["d_model"]):
+    tied = config.get("tie_word_embeddings", False)
+    output_tied = ("lm_head.weight",) if tied else ()
+    names = {
+        "source": ("model.encoder.embed_tokens.weight", f"{prefix}.embed_tokens.weight", "model.shared.weight",
+                   *output_tied),
+        "target": (f"{prefix}.embed_tokens.weight", "model.encoder.embed_tokens.weight", "model.shared.weight",
+                   *output_tied),
+        "output": (f"{prefix}.output_projection.weight", "lm_head.weight", f"{prefix}.embed_tokens.weight",
+                   "model.shared.weight", *(("model.encoder.embed_tokens.weight",) if tied else ())),
+    }
+    for side, rows in (("source", "src_vocab_size"), ("target", "tgt_vocab_size"), ("output", "tgt_vocab_size")):
+        shape = tensors.shape(*names[side])
+        if shape != (config[rows], config["d_model"]):
             raise ConversionError(
-                f"{tensors.source}: {name} has shape {matrix.shape}; expected ({config[rows]}, {config['d_model']}) "
+                f"{tensors.source}: {names[side][0]} has shape {shape}; expected ({config[rows]}, {config['d_model']}) "
                 f"from {rows} and d_model in config.json."
             )
-    shared = sharing(source, target, output, config.get("tie_word_embeddings", False))
-    found = embedding_weights(source, target, output, ids, shared, tensors.source)
+    shared = sharing(tensors, names, tied)
+    found = embedding_weights(tensors, names, ids, shared)
     found["position_table/position_embeddings"] = fairseq_sinusoids(
         config.get("max_position_embeddings", 1024), config["d_model"], config.get("pad_token_id", FAIRSEQ_PADDING)
     )

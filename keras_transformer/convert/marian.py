@@ -53,16 +53,17 @@ def weights(config, tensors, ids, shared):
     num_heads = config["encoder_attention_heads"]
     if shared:
         # One matrix, saved under any of its names.
-        embedding = tensors.first("model.shared.weight", "model.encoder.embed_tokens.weight",
-                                  "model.decoder.embed_tokens.weight", "lm_head.weight")
-        found = {"token_embedding/embeddings": ids.rows(embedding)}
+        found = {"token_embedding/embeddings": tensors.later(
+            "model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
+            "lm_head.weight", then=ids.rows,
+        )}
     else:
-        target = tensors.first("model.decoder.embed_tokens.weight", "lm_head.weight")
+        target = ("model.decoder.embed_tokens.weight", "lm_head.weight")
         found = {
-            "source_embedding/embeddings": ids.rows(tensors.first("model.encoder.embed_tokens.weight")),
-            "target_embedding/embeddings": ids.rows(target),
+            "source_embedding/embeddings": tensors.later("model.encoder.embed_tokens.weight", then=ids.rows),
+            "target_embedding/embeddings": tensors.later(*target, then=ids.rows),
         }
-        if "lm_head.weight" in tensors and not np.array_equal(tensors.first("lm_head.weight"), target):
+        if "lm_head.weight" in tensors and not np.array_equal(tensors.first("lm_head.weight"), tensors.first(*target)):
             raise ConversionError(f"{tensors.source}: lm_head.weight is not the decoder's embedding; expected them tied.")
     found["logits_bias/bias"] = logits_bias(ids, logits_bias_of(config, tensors))
     d_model = config["d_model"]

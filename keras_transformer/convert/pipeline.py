@@ -10,6 +10,7 @@ import dataclasses
 import numpy as np
 
 from keras_transformer.convert.checkpoint import ConversionError
+from keras_transformer.layers.initial_values import initial_values
 
 # The logit of a row our vocabulary has and the published one lacks (our
 # BOS where it copies another row; the smaller side's missing rows): e^-50
@@ -33,7 +34,9 @@ class Conversion:
     Attributes:
         model: our `ModelConfig` fields (`Transformer` arguments) but the
             vocabulary and the sharing of the embeddings.
-        weights: our weights by variable path, as NumPy arrays.
+        weights: our weights by variable path: NumPy arrays, or functions
+            of no arguments that read them (`Tensors.later`), called as
+            each weight is made.
         sharing: which of our layouts holds the embeddings: "all" (one
             matrix), "target" (the target embedding is the output
             projection) or "none".
@@ -51,20 +54,22 @@ class Conversion:
 
 
 def build(conversion, output, dtype=None):
-    """Our Transformer with the converted weights, checked, and its
+    """Our Transformer made from the converted weights, checked, and its
     `Translator`, saved into `output`."""
     from keras_transformer.decoding.translator import Translator
     from keras_transformer.models.transformer import Transformer
 
-    model = Transformer(
-        vocabulary_size=conversion.tokenizer.vocabulary_size,
-        share_embeddings=conversion.sharing == "all",
-        share_target_embeddings=conversion.sharing == "target",
-        dtype=dtype,
-        name="transformer",
-        **conversion.model,
-    )
-    assign(model, conversion.weights, conversion.source)
+    # Each weight is made from its value, read as it is made: one copy.
+    with initial_values(conversion.weights) as given:
+        model = Transformer(
+            vocabulary_size=conversion.tokenizer.vocabulary_size,
+            share_embeddings=conversion.sharing == "all",
+            share_target_embeddings=conversion.sharing == "target",
+            dtype=dtype,
+            name="transformer",
+            **conversion.model,
+        )
+    check(model, given, conversion.source)
     translator = Translator(
         model, conversion.tokenizer, max_source_length=min(512, model.max_length), **conversion.settings
     )
@@ -72,25 +77,19 @@ def build(conversion, output, dtype=None):
     return translator
 
 
-def assign(model, weights, source):
-    """Sets every weight of `model` from `weights` (by variable path),
-    checking that each exists with our shape and none is left over. Each
-    value leaves `weights` as it is set, so that the two are not held whole
-    at once."""
-    variables = {variable.path: variable for variable in model.weights}
-    missing = sorted(set(variables) - set(weights))
+def check(model, given, source):
+    """That every weight of `model` was made from a value of the right
+    shape, and that no value is left over."""
+    if isinstance(given.error, ConversionError):
+        raise given.error
+    if given.error is not None:
+        raise ConversionError(f"{source}: {given.error}")
+    missing = sorted({variable.path for variable in model.weights} - given.paths)
     if missing:
         raise ConversionError(f"Converting {source} gave no value for {missing[0]} ({len(missing)} missing).")
-    unused = sorted(set(weights) - set(variables))
+    unused = sorted(given.values)
     if unused:
         raise ConversionError(f"Converting {source} gave {unused[0]}, which the model does not have.")
-    for path, variable in variables.items():
-        value = np.asarray(weights.pop(path))
-        if tuple(value.shape) != tuple(variable.shape):
-            raise ConversionError(
-                f"{source}: the tensor for {path} has shape {tuple(value.shape)}; expected {tuple(variable.shape)}."
-            )
-        variable.assign(value.astype(variable.dtype, copy=False))
 
 
 def logits_bias(ids, published):
@@ -105,17 +104,22 @@ def logits_bias(ids, published):
 
 def attention_weights(ours, tensors, prefix, num_heads):
     """A multi-head attention's four projections, from torch's `Linear`s
-    `prefix.{q,k,v,out}_proj`, into `ours/...`."""
+    `prefix.{q,k,v,out}_proj` (W `[out, in]`), into `ours/...`, each read
+    when it is assigned."""
     weights = {}
     for our_name, their_name in zip(("query", "key", "value"), PROJECTIONS[:3]):
-        kernel, bias = tensors.linear(f"{prefix}.{their_name}")
-        d_model, width = kernel.shape
-        weights[f"{ours}/{our_name}/kernel"] = kernel.reshape(d_model, num_heads, width // num_heads)
-        weights[f"{ours}/{our_name}/bias"] = bias.reshape(num_heads, width // num_heads)
-    kernel, bias = tensors.linear(f"{prefix}.{PROJECTIONS[3]}")
-    width, d_model = kernel.shape
-    weights[f"{ours}/attention_output/kernel"] = kernel.reshape(num_heads, width // num_heads, d_model)
-    weights[f"{ours}/attention_output/bias"] = bias
+        name = f"{prefix}.{their_name}"
+        # W^T [d_model, width] as [d_model, heads, width / heads].
+        weights[f"{ours}/{our_name}/kernel"] = tensors.later(
+            f"{name}.weight", then=lambda w: w.T.reshape(w.shape[1], num_heads, -1)
+        )
+        weights[f"{ours}/{our_name}/bias"] = tensors.later(f"{name}.bias", then=lambda b: b.reshape(num_heads, -1))
+    name = f"{prefix}.{PROJECTIONS[3]}"
+    # W^T [width, d_model] as [heads, width / heads, d_model].
+    weights[f"{ours}/attention_output/kernel"] = tensors.later(
+        f"{name}.weight", then=lambda w: w.T.reshape(num_heads, -1, w.shape[0])
+    )
+    weights[f"{ours}/attention_output/bias"] = tensors.later(f"{name}.bias")
     return weights
 
 
@@ -128,9 +132,9 @@ def block_weights(ours, tensors, prefix, sublayers, num_heads):
         if attention in sublayers:
             weights |= attention_weights(f"{ours}/{attention}", tensors, f"{prefix}.{sublayers[attention]}", num_heads)
     for dense in ("inner_dense", "outer_dense"):
-        kernel, bias = tensors.linear(f"{prefix}.{sublayers[dense]}")
-        weights[f"{ours}/feed_forward/{dense}/kernel"] = kernel
-        weights[f"{ours}/feed_forward/{dense}/bias"] = bias
+        name = f"{prefix}.{sublayers[dense]}"
+        weights[f"{ours}/feed_forward/{dense}/kernel"] = tensors.later(f"{name}.weight", then=np.transpose)
+        weights[f"{ours}/feed_forward/{dense}/bias"] = tensors.later(f"{name}.bias")
     for norm in ("self_attention_norm", "cross_attention_norm", "feed_forward_norm"):
         if norm in sublayers:
             weights |= norm_weights(f"{ours}/{norm}", tensors, f"{prefix}.{sublayers[norm]}")
@@ -139,7 +143,7 @@ def block_weights(ours, tensors, prefix, sublayers, num_heads):
 
 def norm_weights(ours, tensors, prefix):
     """torch's `LayerNorm` at `prefix` as our `ours` norm."""
-    return {f"{ours}/gamma": tensors.first(f"{prefix}.weight"), f"{ours}/beta": tensors.first(f"{prefix}.bias")}
+    return {f"{ours}/gamma": tensors.later(f"{prefix}.weight"), f"{ours}/beta": tensors.later(f"{prefix}.bias")}
 
 
 def stack_weights(tensors, num_layers, num_heads, prefix="model"):

@@ -55,9 +55,10 @@ class IdMap:
         """`matrix`'s rows (published ids first) in our order; rows past
         `matrix`'s end (the smaller of two vocabularies) are `fill`."""
         matrix = np.asarray(matrix)
-        padded = np.full((self.size,) + matrix.shape[1:], fill, matrix.dtype)
-        padded[: len(matrix)] = matrix
-        return padded[self.published_of_ours]
+        # One copy of the matrix, not two: converting holds it beside the model.
+        rows = np.take(matrix, np.minimum(self.published_of_ours, len(matrix) - 1), axis=0)
+        rows[self.published_of_ours >= len(matrix)] = fill
+        return rows
 
     def to_ours(self, ids):
         return self.ours_of_published[np.asarray(ids, np.int64)].tolist()

@@ -27,7 +27,7 @@ from keras_transformer.decoding import streaming
 from keras_transformer.decoding.compiled import CompiledFunction
 from keras_transformer.decoding.search_loop import check_prefix
 from keras_transformer.decoding.steps import search_translations
-from keras_transformer.files import atomic_path
+from keras_transformer.files import save_keras_model
 from keras_transformer.files import write_atomically
 from keras_transformer.models.config import POSITION_TABLES
 from keras_transformer.models.quantization import check_quantization_mode
@@ -437,8 +437,7 @@ class Translator:
         `subword.json` and `translator.json`; `Translator.load` reads it
         under any backend.
         """
-        with atomic_path(os.path.join(directory, MODEL_FILE)) as temporary:
-            self.model.save(temporary)
+        save_keras_model(self.model, os.path.join(directory, MODEL_FILE))
         self.tokenizer.save(directory)
         self.save_settings(directory)
 

@@ -3,6 +3,8 @@
 import functools
 import inspect
 
+from keras_transformer.layers import initial_values
+
 
 class DirectCalls:
     """A layer that takes a `decoding` argument (a
@@ -17,7 +19,15 @@ class DirectCalls:
     `decoding` to their sublayers explicitly, and the model's own call
     opens the dtype policy's autocast for all of them. `decoding` reaches
     `call` where `call` takes it. Everywhere else the call is Keras's.
+
+    Its weights are made through `initial_values`, where a converter gives
+    their values.
     """
+
+    def add_weight(self, *args, **kwargs):
+        # Inside `initial_values`, a converted model's weight is made from its value.
+        kwargs["initializer"] = initial_values.initializer(self, kwargs.get("name"), kwargs.get("initializer"))
+        return super().add_weight(*args, **kwargs)
 
     def __call__(self, *args, decoding=None, **kwargs):
         if decoding is None:  # Keras's training, inference and functional calls

@@ -17,6 +17,7 @@ from keras import ops
 from keras_transformer.backend import layouts
 from keras_transformer.backend import norms
 from keras_transformer.backend import products
+from keras_transformer.layers import initial_values
 from keras_transformer.layers.calls import DirectCalls
 
 
@@ -25,7 +26,9 @@ class _ProductLayer(DirectCalls):
         # Inside `layouts.linear_order()`, a float kernel lies in memory as
         # torch's Linear weights do (`backend/layouts.py`).
         if kwargs.get("name") == "kernel" and "initializer" in kwargs:
-            kwargs["initializer"] = layouts.kernel_initializer(kwargs["initializer"], self._contracted_axes())
+            # A given value too (`initial_values`), which `DirectCalls` would take in Keras's order.
+            initializer = initial_values.initializer(self, "kernel", kwargs["initializer"])
+            kwargs["initializer"] = layouts.kernel_initializer(initializer, self._contracted_axes())
         return super().add_weight(*args, **kwargs)
 
     def quantize(self, mode=None, type_check=True, config=None):

@@ -11,7 +11,8 @@ import numpy as np
 
 from keras_transformer.checks import describe_error
 from keras_transformer.files import PARTIAL_PREFIX
-from keras_transformer.files import atomic_path
+from keras_transformer.files import remove
+from keras_transformer.files import save_keras_model
 from keras_transformer.training.distribution import local_reads
 
 CHECKPOINT_PATTERN = "ckpt-{step:08d}.keras"
@@ -86,13 +87,13 @@ class SaveCheckpoints(keras.callbacks.Callback):
         # This process's copy alone: under a distribution across processes
         # the save's transfers would be collectives, which a run whose first
         # process alone writes (one shared directory) cannot meet.
-        with atomic_path(path) as temporary, local_reads():
-            self.model.save(temporary)
+        with local_reads():
+            save_keras_model(self.model, path)
         for old in list_checkpoints(self.directory)[: -self.keep]:
             os.remove(old)
         # Writes that an earlier crash cut short.
-        for stale in glob.glob(os.path.join(self.directory, PARTIAL_PREFIX + "ckpt-*.keras")):
-            os.remove(stale)
+        for stale in glob.glob(os.path.join(self.directory, PARTIAL_PREFIX + "ckpt-*")):
+            remove(stale)
 
 
 def newest_readable(directory, stacklevel=2):
