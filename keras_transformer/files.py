@@ -7,11 +7,18 @@ its temporary file and names the file it could not write.
 """
 
 import contextlib
+import errno
 import glob
+import math
 import os
 import shutil
 import tempfile
 import zipfile
+
+try:
+    import resource  # the file-size limit, where the system has one
+except ImportError:
+    resource = None
 
 # The prefix of a temporary file: hidden, and never a name a reader takes.
 PARTIAL_PREFIX = ".partial-"
@@ -82,6 +89,8 @@ def save_keras_model(model, path):
     holds the same files, stored uncompressed, as Keras's own.
     """
     with atomic_path(path) as temporary:
+        # The weights' file, then the archive of it, side by side.
+        _check_room(os.path.dirname(temporary), _weights_file_size(model), files=2)
         # Named after the temporary file, so that the next write clears it
         # where a kill left it.
         unzipped = tempfile.mkdtemp(prefix=os.path.basename(temporary) + ".", dir=os.path.dirname(temporary))
@@ -94,6 +103,31 @@ def save_keras_model(model, path):
                         archive.write(os.path.join(parent, name), os.path.relpath(os.path.join(parent, name), folder))
         finally:
             remove(unzipped)
+
+
+def _weights_file_size(model):
+    """About the bytes of the HDF5 file of `model`'s weights (its
+    optimizer's too): the numbers, and room for each dataset's header."""
+    import keras
+    import numpy as np
+
+    variables = list(model.variables)
+    if getattr(model, "optimizer", None) is not None:
+        variables += list(model.optimizer.variables)
+    numbers = sum(math.prod(v.shape) * np.dtype(keras.backend.standardize_dtype(v.dtype)).itemsize for v in variables)
+    return numbers + 4096 * len(variables) + 2**20
+
+
+def _check_room(folder, size, files):
+    """Fails, as the write would, where `files` files of `size` bytes do not
+    fit on the disk or under the process's file-size limit: HDF5 ends the
+    process, not just the write, when a write of its file fails."""
+    if shutil.disk_usage(folder).free < size * files:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    if resource is not None:
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        if limit != resource.RLIM_INFINITY and size > limit:
+            raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
 
 
 def _sync(path):

@@ -148,3 +148,23 @@ def test_the_next_write_clears_the_folder_a_killed_keras_save_left(tmp_path):
         with open(temporary, "wb") as file:
             file.write(b"a model")
     assert os.listdir(tmp_path) == ["model.keras"]
+
+
+def test_a_keras_file_the_disk_has_no_room_for_is_refused_before_hdf5_writes(tmp_path, monkeypatch):
+    """HDF5 ends the process when a write of its file fails (a full disk),
+    so the room is checked first: the error names the file, and nothing is
+    left (tests/test_train_command.py fills a disk through a file-size limit)."""
+    import shutil
+
+    import keras_transformer as kt
+    from keras_transformer.files import save_keras_model
+
+    model = kt.build_transformer("tiny", vocabulary_size=40, num_layers=1)
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=100_000))
+    with pytest.raises(CannotWrite, match=f"Cannot write {tmp_path / 'model.keras'}: No space left on device"):
+        save_keras_model(model, tmp_path / "model.keras")
+    assert os.listdir(tmp_path) == []
+    monkeypatch.undo()
+    save_keras_model(model, tmp_path / "model.keras")
+    assert os.listdir(tmp_path) == ["model.keras"]
