@@ -31,9 +31,11 @@ try:  # what each run would import for its TensorBoard logs (2-3 s), imported on
 except ImportError:
     pass
 
-# atomic_path's temporary names: PARTIAL_PREFIX + name + "." + random + suffix;
-# a `.keras` file's first, unzipped, in a folder named that + "." + random.
-PARTIAL = re.compile(re.escape(PARTIAL_PREFIX) + r"(.+?)\.[^./]+\.[^./]+(\.[^./]+/.*)?$")
+# atomic_path's temporary names: PARTIAL_PREFIX + name + "." + random + suffix.
+PARTIAL = re.compile(re.escape(PARTIAL_PREFIX) + r"(.+)\.[^.]+\.[^.]+$")
+# A `.keras` file's parts, written first into a folder named after its
+# temporary file + "." + random: the same write as that file's.
+PARTS = re.compile("(" + re.escape(PARTIAL_PREFIX) + r"[^/]+)\.[^./]+/.*$")
 
 
 def kill_at_write(folder, count, hit):
@@ -43,13 +45,15 @@ def kill_at_write(folder, count, hit):
         if event != "open" or not isinstance(args[0], str) or not args[2] & (os.O_WRONLY | os.O_RDWR):
             return
         path = os.path.realpath(args[0])
-        if not path.startswith(folder + os.sep) or os.path.isdir(path) or path in written:
+        if not path.startswith(folder + os.sep) or os.path.isdir(path):
             return
-        written.append(path)  # a file's first open for writing; later ones are the same write
+        write = PARTS.sub(r"\1", os.path.relpath(path, folder))
+        if write in written:
+            return
+        written.append(write)  # a file's first open for writing; later ones are the same write
         if len(written) == count:
-            name = os.path.relpath(path, folder)
             with open(hit, "w") as file:
-                file.write(PARTIAL.sub(r"\1", name))
+                file.write(PARTIAL.sub(r"\1", write))
             open(path, "wb").close()
             os.kill(os.getpid(), signal.SIGKILL)
 

@@ -30,21 +30,15 @@ from keras_transformer.data.moses_bpe import END_OF_WORD
 from keras_transformer.data.moses_bpe import SPECIAL_TOKENS
 from keras_transformer.data.moses_bpe import MosesBpeTokenizer
 
-# Options of fairseq's `transformer` that our blocks do not have, with the
-# value they must keep.
+# Options of fairseq's `transformer` that our blocks do not have, by what
+# they would ask for: each must be off (unset, False, or None).
 UNSUPPORTED = {
-    "encoder_normalize_before": (False, "pre-LN blocks"),
-    "decoder_normalize_before": (False, "pre-LN blocks"),
-    "no_scale_embedding": (False, "unscaled embeddings"),
-    "layernorm_embedding": (False, "a norm on the embeddings"),
-    "encoder_learned_pos": (False, "learned positions"),
-    "decoder_learned_pos": (False, "learned positions"),
-    "no_token_positional_embeddings": (False, "no positions"),
-    "cross_self_attention": (False, "cross+self attention"),
-    "adaptive_softmax_cutoff": (None, "an adaptive softmax"),
-    "adaptive_input": (False, "adaptive inputs"),
-    "moses_no_escape": (False, "Moses without XML escapes"),
-    "moses_no_dash_splits": (False, "Moses without dash splits"),
+    "pre-LN blocks": ("encoder_normalize_before", "decoder_normalize_before"),
+    "unscaled embeddings": ("no_scale_embedding",), "a norm on the embeddings": ("layernorm_embedding",),
+    "learned positions": ("encoder_learned_pos", "decoder_learned_pos"),
+    "no positions": ("no_token_positional_embeddings",), "cross+self attention": ("cross_self_attention",),
+    "an adaptive softmax": ("adaptive_softmax_cutoff",), "adaptive inputs": ("adaptive_input",),
+    "Moses without XML escapes": ("moses_no_escape",), "Moses without dash splits": ("moses_no_dash_splits",),
 }
 # Tensors only those options make: a checkpoint with one is not our model.
 UNSUPPORTED_TENSORS = (
@@ -81,9 +75,10 @@ def architecture(checkpoint, path):
 
 def check_architecture(args, tensors, path):
     """Refuses what our post-LN blocks and tokenizer cannot reproduce."""
-    for name, (expected, meaning) in UNSUPPORTED.items():
-        if args.get(name) not in (expected, None):  # None: the option is not set
-            raise ConversionError(f"{path}: {name}={args[name]!r} ({meaning}) is not supported; expected {expected}.")
+    for meaning, names in UNSUPPORTED.items():
+        for name in names:
+            if args.get(name) not in (False, None):
+                raise ConversionError(f"{path}: {name}={args[name]!r} ({meaning}) is not supported; expected it off.")
     found = [name for name in UNSUPPORTED_TENSORS if name in tensors]
     if found:
         raise ConversionError(f"{path} has the tensor {found[0]!r}, which fairseq's post-LN transformer lacks.")

@@ -105,7 +105,7 @@ def logits_bias(ids, published):
 def attention_weights(ours, tensors, prefix, num_heads):
     """A multi-head attention's four projections, from torch's `Linear`s
     `prefix.{q,k,v,out}_proj` (W `[out, in]`), into `ours/...`, each read
-    when it is assigned."""
+    when it is made."""
     weights = {}
     for our_name, their_name in zip(("query", "key", "value"), PROJECTIONS[:3]):
         name = f"{prefix}.{their_name}"
