@@ -81,11 +81,10 @@ def sharing(tensors, names, tied):
     return "target" if np.array_equal(target, output) else "none"
 
 
-def embedding_weights(tensors, names, ids, shared):
+def embedding_weights(tensors, names, shapes, ids, shared):
     """The embeddings and the logits bias by variable path, from the
-    published `[vocabulary, d_model]` matrices (rows in published order),
-    each read when it is made."""
-    shapes = {side: tensors.shape(*names[side]) for side in names}
+    published `[vocabulary, d_model]` matrices (rows in published order;
+    `names` and `shapes` by side), each read when it is made."""
     if shared == "all":
         if len(set(shapes.values())) > 1:
             raise ConversionError(
@@ -121,15 +120,15 @@ def weights(config, tensors, ids):
         "output": (f"{prefix}.output_projection.weight", "lm_head.weight", f"{prefix}.embed_tokens.weight",
                    "model.shared.weight", *(("model.encoder.embed_tokens.weight",) if tied else ())),
     }
+    shapes = {side: tensors.shape(*names[side]) for side in names}
     for side, rows in (("source", "src_vocab_size"), ("target", "tgt_vocab_size"), ("output", "tgt_vocab_size")):
-        shape = tensors.shape(*names[side])
-        if shape != (config[rows], config["d_model"]):
+        if shapes[side] != (config[rows], config["d_model"]):
             raise ConversionError(
-                f"{tensors.source}: {names[side][0]} has shape {shape}; expected ({config[rows]}, {config['d_model']}) "
-                f"from {rows} and d_model in config.json."
+                f"{tensors.source}: {names[side][0]} has shape {shapes[side]}; expected ({config[rows]}, "
+                f"{config['d_model']}) from {rows} and d_model in config.json."
             )
     shared = sharing(tensors, names, tied)
-    found = embedding_weights(tensors, names, ids, shared)
+    found = embedding_weights(tensors, names, shapes, ids, shared)
     found["position_table/position_embeddings"] = fairseq_sinusoids(
         config.get("max_position_embeddings", 1024), config["d_model"], config.get("pad_token_id", FAIRSEQ_PADDING)
     )

@@ -26,8 +26,14 @@ class DirectCalls:
 
     def add_weight(self, *args, **kwargs):
         # Inside `initial_values`, a converted model's weight is made from its value.
-        kwargs["initializer"] = initial_values.initializer(self, kwargs.get("name"), kwargs.get("initializer"))
+        name = kwargs.get("name")
+        kwargs["initializer"] = self._laid_out(name, initial_values.initializer(self, name, kwargs.get("initializer")))
         return super().add_weight(*args, **kwargs)
+
+    def _laid_out(self, name, initializer):
+        """The initializer of the weight `name`, giving its values in the
+        order in memory the layer keeps them in (as given here)."""
+        return initializer
 
     def __call__(self, *args, decoding=None, **kwargs):
         if decoding is None:  # Keras's training, inference and functional calls

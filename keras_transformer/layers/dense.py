@@ -17,19 +17,16 @@ from keras import ops
 from keras_transformer.backend import layouts
 from keras_transformer.backend import norms
 from keras_transformer.backend import products
-from keras_transformer.layers import initial_values
 from keras_transformer.layers.calls import DirectCalls
 
 
 class _ProductLayer(DirectCalls):
-    def add_weight(self, *args, **kwargs):
+    def _laid_out(self, name, initializer):
         # Inside `layouts.linear_order()`, a float kernel lies in memory as
         # torch's Linear weights do (`backend/layouts.py`).
-        if kwargs.get("name") == "kernel" and "initializer" in kwargs:
-            # A given value too (`initial_values`), which `DirectCalls` would take in Keras's order.
-            initializer = initial_values.initializer(self, "kernel", kwargs["initializer"])
-            kwargs["initializer"] = layouts.kernel_initializer(initializer, self._contracted_axes())
-        return super().add_weight(*args, **kwargs)
+        if name == "kernel" and initializer is not None:
+            return layouts.kernel_initializer(initializer, self._contracted_axes())
+        return initializer
 
     def quantize(self, mode=None, type_check=True, config=None):
         # Keras quantizes subclasses only when told that their float call

@@ -128,8 +128,9 @@ def shares_directory(distribution, model_dir):
         return False
     mark = os.path.join(model_dir, RUN_MARK_FILE)
     # Below 2**31: JAX's collectives hold 32-bit integers unless x64 is on.
-    token = secrets.randbelow(2**30) if distribution.process_index == 0 else 2**30
+    token = 2**30  # above any drawn
     if distribution.process_index == 0:
+        token = secrets.randbelow(2**30)
         os.makedirs(model_dir, exist_ok=True)
         write_atomically(mark, str(token))
     token = distribution.least(token)  # the first's: everyone else's is larger

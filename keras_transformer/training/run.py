@@ -347,13 +347,18 @@ def _vocabulary(config, log, write=True):
     (`write`), or read there where another process saved it."""
     own = os.path.join(config.model_dir, VOCABULARY_FILE)
     given = config.train_data or config.vocabulary
+
+    def keep(tokenizer):
+        """`tokenizer`, saved as the run's own where this process writes."""
+        if write:
+            tokenizer.save(config.model_dir)
+        return tokenizer
+
     converted = os.path.isfile(os.path.join(config.model_dir, CONVERTED_TOKENIZER_FILE))
     if config.init_from is not None or converted:
         # A resumed run reads its own copy; a new one copies the translator's.
         where = config.model_dir if converted or os.path.isfile(own) else config.init_from
-        tokenizer = load_tokenizer(where)
-        if write:
-            tokenizer.save(config.model_dir)
+        tokenizer = keep(load_tokenizer(where))
         log(f"vocabulary: {tokenizer.vocabulary_size} ids from {where}")
         return tokenizer
     if os.path.isfile(own) or os.path.isfile(os.path.join(config.model_dir, VOCABULARY_CONFIG_FILE)):
@@ -371,17 +376,13 @@ def _vocabulary(config, log, write=True):
                 ) from None
             log(f"vocabulary: {error} Making it again as the run first did (no checkpoint needs another).")
     if given is not None:
-        tokenizer = SubwordTokenizer.load(given)
-        if write:
-            tokenizer.save(config.model_dir)
+        tokenizer = keep(SubwordTokenizer.load(given))
         log(f"vocabulary: {tokenizer.vocabulary_size} pieces from {given}")
     else:
         start = time.time()
-        tokenizer = train_vocabulary(
+        tokenizer = keep(train_vocabulary(
             config.train_source, config.train_target, config.vocabulary_size, seed=config.seed
-        )
-        if write:
-            tokenizer.save(config.model_dir)
+        ))
         log(
             f"vocabulary: trained {tokenizer.vocabulary_size} shared BPE pieces in "
             f"{time.time() - start:.0f}s"
