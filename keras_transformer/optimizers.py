@@ -53,8 +53,9 @@ class Adam(keras.optimizers.Adam):
     The fused update applies where Keras's `apply` would only update:
     variables of one float dtype on one device, each with a gradient, none
     overwritten by its gradient or constrained, and no loss scale, clipping,
-    weight decay, amsgrad, accumulation or moving average. Elsewhere, and
-    on the other backends, the update is Keras's own.
+    weight decay, amsgrad, accumulation or moving average, outside
+    `torch.compile`. Elsewhere, and on the other backends, the update is
+    Keras's own.
     """
 
     def add_optimizer_variables(self, trainable_variables, name, initializer="zeros"):
@@ -77,6 +78,7 @@ class Adam(keras.optimizers.Adam):
         Keras's `apply` must run (the class docstring says where)."""
         if (
             keras.backend.backend() != "torch"
+            or _compiling()  # inside `torch.compile`, Keras's update is traced whole
             or variables is None
             or not self.built
             or not grads
@@ -135,6 +137,12 @@ def _fused_lists(moments, variables):
         steps,
         list(steps.unbind()),
     )
+
+
+def _compiling():
+    import torch
+
+    return torch.compiler.is_compiling()
 
 
 def _fused_update(optimizer, lists, grads):

@@ -269,3 +269,50 @@ def translation_model(translation_tokenizer):
     import translation_fixtures
 
     return translation_fixtures.make_model(translation_tokenizer)
+
+
+def code_key(*files):
+    """What a result made from the package depends on: its code, `files`
+    and the versions of what it runs on."""
+    import hashlib
+    import importlib.metadata
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for path in sorted([*map(pathlib.Path, files), *(root / "keras_transformer").rglob("*.py")]):
+        digest.update(path.resolve().relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    for package in ("keras", "tensorflow", "tensorflow-text", "jax", "torch", "sentencepiece", "sacrebleu"):
+        digest.update(f"{package}=={importlib.metadata.version(package)}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def made_once_across_passes(request, name, make, *files):
+    """A directory that `make(directory)` fills, made once for the code and
+    versions (`code_key(*files)`) and kept in pytest's cache: of CI's three
+    backend passes, which run side by side, the first to ask makes it while
+    the others wait for it. The path of the filled directory."""
+    import fcntl
+    import pathlib
+    import shutil
+    import tempfile
+
+    cache = getattr(request.config, "cache", None)
+    if cache is None:  # pytest -p no:cacheprovider
+        directory = pathlib.Path(tempfile.mkdtemp(prefix=f"{name}-"))
+        make(directory)
+        return directory
+    saved = cache.mkdir(f"{name}-{code_key(*files)}")
+    with open(saved.with_name(saved.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+        if not (saved / "done").is_file():
+            # Made aside and renamed over the empty entry in one step, so
+            # that a pass killed midway leaves no half entry behind.
+            staging = saved.with_name(f"{saved.name}.partial-{os.getpid()}")
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir()
+            make(staging)
+            (staging / "done").write_text(keras.backend.backend() + "\n")
+            shutil.rmtree(saved)
+            staging.rename(saved)
+    return saved

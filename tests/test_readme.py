@@ -7,9 +7,6 @@ what the README says it prints.
 """
 
 import ast
-import fcntl
-import hashlib
-import importlib.metadata
 import os
 import pathlib
 import re
@@ -20,7 +17,7 @@ import sys
 
 import keras
 import pytest
-from conftest import in_one_pass, slow
+from conftest import in_one_pass, made_once_across_passes, slow
 
 import keras_transformer as kt
 from keras_transformer import cli
@@ -84,46 +81,20 @@ def run_quickstart(directory, *arguments, backend=None):
     )
 
 
-def quickstart_key():
-    """What the quick start's model depends on: its code and the versions."""
-    digest = hashlib.sha256()
-    for path in sorted([ROOT / "recipes" / "quickstart.py", *(ROOT / "keras_transformer").rglob("*.py")]):
-        digest.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes())
-    for package in ("keras", "tensorflow", "tensorflow-text", "sentencepiece", "sacrebleu"):
-        digest.update(f"{package}=={importlib.metadata.version(package)}\n".encode())
-    return digest.hexdigest()[:16]
-
-
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory, request):
     """A directory in which `python recipes/quickstart.py` has run.
 
     The run is the README's command as it stands, so under TensorFlow, the
-    default backend, in every pass. It takes minutes, so its result is kept
-    in pytest's cache, keyed by the package's code and versions: of CI's
-    three backend passes, which run side by side, the first to get here
-    trains it while the others wait for it, and every pass then runs every
-    example under its own backend on that model (a `.keras` model loads
-    under any backend). `test_the_quick_start_runs_under_this_backend` runs
-    the quick start itself under the other backends.
+    default backend, in every pass. It takes minutes, so its result is made
+    once across CI's passes (`made_once_across_passes`), and every pass
+    then runs every example under its own backend on that model (a
+    `.keras` model loads under any backend).
+    `test_the_quick_start_runs_under_this_backend` runs the quick start
+    itself under the other backends.
     """
+    saved = made_once_across_passes(request, "quickstart", train_quickstart, ROOT / "recipes" / "quickstart.py")
     directory = tmp_path_factory.mktemp("user")
-    cache = getattr(request.config, "cache", None)
-    if cache is None:  # pytest -p no:cacheprovider
-        return train_quickstart(directory)
-    saved = cache.mkdir(f"quickstart-{quickstart_key()}")
-    with open(saved.with_name(saved.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
-        if not (saved / "done").is_file():
-            train_quickstart(directory)
-            # Written aside and renamed over the empty entry in one step, so
-            # that a pass killed mid-copy leaves no half entry behind.
-            staging = saved.with_name(f"{saved.name}.partial-{os.getpid()}")
-            shutil.copytree(directory, staging)
-            (staging / "done").write_text(keras.backend.backend() + "\n")
-            shutil.rmtree(saved)
-            staging.rename(saved)
-            return directory
     shutil.copytree(saved, directory, dirs_exist_ok=True)
     return directory
 

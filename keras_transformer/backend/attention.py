@@ -104,7 +104,12 @@ def jax_implementation(query, key, platform=None):
     queries and `[B, S, N, H]` keys: "cudnn" where cuDNN's fused attention
     takes them (`cudnn_takes`) and both lengths are `CUDNN_MIN_LENGTH` or
     more, where it is the faster; else "xla"."""
-    long_enough = min(query.shape[1], key.shape[1]) >= CUDNN_MIN_LENGTH
+    lengths = (query.shape[1], key.shape[1])
+    # A length that is a symbol (a Functional model's `None`, traced by
+    # `jax.export`) cannot be compared: XLA's attention takes any length.
+    if not all(isinstance(length, int) for length in lengths):
+        return "xla"
+    long_enough = min(lengths) >= CUDNN_MIN_LENGTH
     return "cudnn" if long_enough and cudnn_takes(query, key, platform) else "xla"
 
 

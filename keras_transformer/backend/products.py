@@ -82,9 +82,14 @@ def onednn_preferred():
 
 
 def pays(x, kernel):
-    """Whether oneDNN should compute float x `[M, K]` times kernel `[K, N]`."""
+    """Whether oneDNN should compute float x `[M, K]` times kernel `[K, N]`:
+    never inside `torch.compile` (`jit_compile=True`), whose Inductor
+    cannot lower oneDNN's private operation and lowers torch's own product
+    as it sees fit."""
     import torch
 
+    if torch.compiler.is_compiling():
+        return False
     (rows, depth), columns = x.shape, kernel.shape[1]
     if not (
         onednn_preferred()
@@ -113,12 +118,21 @@ def matrix_product(x, kernel, bias=None):
     return torch.matmul(x, kernel) if bias is None else torch.nn.functional.linear(x, kernel.t(), bias)
 
 
-@functools.lru_cache(maxsize=64)
 def matrix_product_form(equation):
     """For an einsum `equation` of an input and a kernel that is a matrix
     product (the input's trailing axes contracted with the kernel's leading
     ones, such as `td,dnh->tnh` or `tnh,nhd->td`), the number of contracted
     axes; otherwise None."""
+    # A dict, not `functools.lru_cache`, which `torch.compile` warns of.
+    if equation not in _MATRIX_PRODUCT_FORMS:
+        _MATRIX_PRODUCT_FORMS[equation] = _matrix_product_form(equation)
+    return _MATRIX_PRODUCT_FORMS[equation]
+
+
+_MATRIX_PRODUCT_FORMS = {}
+
+
+def _matrix_product_form(equation):
     inputs, _, output = equation.replace(" ", "").partition("->")
     operands = inputs.split(",")
     if len(operands) != 2 or "." in equation or not output:
@@ -183,7 +197,9 @@ def _product_with_gradients():
         @staticmethod
         def backward(ctx, gradient):
             x, kernel = ctx.saved_tensors
-            linear = _linear()
+            # Applied where `torch.compile` broke its graph, the backward may
+            # still be traced, and Inductor cannot lower oneDNN's operation.
+            linear = _torch_linear if torch.compiler.is_compiling() else _linear()
             x_gradient = kernel_gradient = None
             if ctx.needs_input_grad[0]:
                 x_gradient = linear(gradient, kernel)  # [M, N] by [N, K]
@@ -192,6 +208,13 @@ def _product_with_gradients():
             return x_gradient, kernel_gradient
 
     return OneDNNProduct
+
+
+def _torch_linear(a, b):
+    """a b^T, as oneDNN's `linear(a, b)`, in torch's own product."""
+    import torch
+
+    return torch.matmul(a, b.t())
 
 
 def _product(x, kernel, contracted):

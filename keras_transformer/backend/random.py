@@ -16,8 +16,9 @@ What it does:
   the counters in host memory, the seed is drawn there (the sum of the two
   counters, as Keras derives it) and the mask on the inputs' device, from
   the same generator draws as Keras's torch dropout, so that the mask is
-  the one Keras's dropout draws from the same seed. Everywhere else, and for an
-  unseeded stream (torch's own fused dropout), it is Keras's dropout.
+  the one Keras's dropout draws from the same seed. Everywhere else, for an
+  unseeded stream (torch's own fused dropout), and inside `torch.compile`
+  (`jit_compile=True`), it is Keras's dropout.
 """
 
 import contextlib
@@ -45,7 +46,8 @@ def dropout(inputs, rate, noise_shape, seed_generator):
     import torch
 
     if (
-        noise_shape is None
+        not torch.compiler.is_compiling()  # where Keras's own stays out of the graph
+        and noise_shape is None
         and 0.0 < rate < 1.0
         and type(inputs) is torch.Tensor
         and inputs.device.type != "meta"

@@ -231,6 +231,11 @@ class TokenBatches(keras.utils.PyDataset):
         self._plans = {}
         self._guard = threading.Lock()
 
+    @property
+    def longest(self):
+        """The length of the longest batches: the longest bucket holding pairs."""
+        return int(self.lengths[self.pairs_per_bucket > 0].max())
+
     # === Which pairs make batch k ===
 
     @property

@@ -5,14 +5,10 @@ import json
 import os
 import time
 import warnings
-import zipfile
 
 import keras
 import numpy as np
 
-from keras_transformer.backend import layouts
-from keras_transformer.checks import describe_error
-from keras_transformer.data.corpus import read_json_object
 from keras_transformer.data.pipeline import bucket_lengths
 from keras_transformer.data.languages import check_pair
 from keras_transformer.data.sentences import check_texts
@@ -24,6 +20,7 @@ from keras_transformer.decoding.beam_search import check_alpha
 from keras_transformer.decoding.beam_search import check_length_penalty
 from keras_transformer.decoding.beam_search import sheds
 from keras_transformer.decoding import streaming
+from keras_transformer.decoding import translator_directory
 from keras_transformer.decoding.compiled import CompiledFunction
 from keras_transformer.decoding.search_loop import check_prefix
 from keras_transformer.decoding.steps import search_translations
@@ -32,10 +29,8 @@ from keras_transformer.files import write_atomically
 from keras_transformer.models.config import POSITION_TABLES
 from keras_transformer.models.quantization import check_quantization_mode
 from keras_transformer.models.quantization import quantized
-from keras_transformer.models.transformer import Transformer
-
-CONFIG_FILE = "translator.json"
-MODEL_FILE = "model.keras"
+from keras_transformer.decoding.translator_directory import CONFIG_FILE
+from keras_transformer.decoding.translator_directory import MODEL_FILE
 
 
 class Translator:
@@ -447,48 +442,27 @@ class Translator:
         write_atomically(os.path.join(directory, CONFIG_FILE), json.dumps(self.get_config(), indent=2))
 
     @classmethod
-    def load(cls, directory, **overrides):
+    def load(cls, directory, compile=False, **overrides):
         """A `Translator` from a directory written by `save`.
 
         Args:
             directory: the directory.
+            compile: also compile its model for `fit`, as the `train` run
+                that wrote the directory compiled it, with the optimizer
+                state of its newest checkpoint where it has one
+                (`training.compile_as_run`): `translator.model.fit(...)`
+                goes on training it. The model's kernels then lie in
+                Keras's order under torch, as in training.
             **overrides: settings that replace the saved ones, such as
                 `beam_size=1`.
         """
-        model_path = os.path.join(directory, MODEL_FILE)
-        if not os.path.isfile(model_path):
-            raise FileNotFoundError(
-                f"No {MODEL_FILE} in {directory!r}. Expected a directory "
-                "written by Translator.save (model.keras, subword.model, "
-                "subword.json, translator.json)."
-            )
-        config = {}
-        config_path = os.path.join(directory, CONFIG_FILE)
-        if os.path.isfile(config_path):
-            config = read_json_object(config_path)
+        model = translator_directory.read_model(directory, for_training=compile)
+        if compile:
+            from keras_transformer.training.continued import compile_as_run  # training imports decoding
+
+            compile_as_run(model, directory)
+        config = translator_directory.read_settings(directory)
         config.update(overrides)
-        try:
-            # Under torch, its kernels lie as oneDNN reads a row's product fastest.
-            with layouts.linear_order():
-                model = keras.saving.load_model(model_path, compile=False)
-        except Exception as error:  # noqa: BLE001 - any unreadable file
-            # Keras says "File not found" for a file that is not a zip.
-            reason = (
-                "not a zip archive"
-                if not zipfile.is_zipfile(model_path)
-                else describe_error(error)
-            )
-            raise ValueError(
-                f"{model_path} cannot be read as a Keras model ({reason}). "
-                "Expected the .keras file Translator.save writes; it may be "
-                "truncated or overwritten."
-            ) from None
-        if not isinstance(model, Transformer):
-            raise ValueError(
-                f"{model_path} holds a {type(model).__name__} ({model.name!r}), not a "
-                "keras_transformer Transformer. Expected the model.keras Translator.save "
-                "writes; it may have been overwritten by another model."
-            )
         tokenizer = load_tokenizer(directory)
         try:
             return cls(model, tokenizer, **config)
@@ -496,4 +470,26 @@ class Translator:
             if any(f"{name}=" in str(error) for name in overrides):
                 raise
             # A setting saved in the file, not one given now.
-            raise type(error)(f"{config_path}: {error}") from None
+            raise type(error)(f"{os.path.join(directory, CONFIG_FILE)}: {error}") from None
+
+    @classmethod
+    def from_preset(cls, preset, source_language=None, target_language=None, compile=False, **overrides):
+        """A `Translator` from a preset, as keras-hub's tasks load one.
+
+        Args:
+            preset: a translator directory (`train`, `convert` and `save`
+                write one), a published checkpoint's directory in
+                transformers' or fairseq's layout, or a hub id such as
+                `"hf://Helsinki-NLP/opus-mt-en-de"` (or without `hf://`).
+                A checkpoint is converted once (`keras_transformer.convert`)
+                into `$XDG_CACHE_HOME/keras-transformer/presets`, and
+                loaded from there afterwards.
+            source_language, target_language: a multilingual model's pair
+                (M2M-100, NLLB-200), in its codes.
+            compile, **overrides: as for `load`.
+        """
+        directory = translator_directory.preset_directory(preset, source_language, target_language)
+        translator = cls.load(directory, compile=compile, **overrides)
+        if (source_language or target_language) and hasattr(translator.tokenizer, "with_languages"):
+            return translator.with_languages(source_language, target_language)
+        return translator

@@ -344,6 +344,23 @@ class MultiHeadAttention(DirectCalls, keras.layers.Layer):
             outputs += (cache,)
         return outputs[0] if len(outputs) == 1 else outputs
 
+    def compute_output_shape(self, query_shape, value_shape, key_shape=None):
+        """`[B, T, d_model]`, the query's shape, whatever B and T are."""
+        return tuple(query_shape)
+
+    def compute_output_spec(self, query, value, key=None, return_attention_scores=False, cache=None, **kwargs):
+        """What `call` returns, from the inputs' shapes alone: no length is
+        compared, so a Functional model's `None` lengths pass under every
+        backend."""
+        outputs = (keras.KerasTensor(self.compute_output_shape(query.shape, value.shape), dtype=self.compute_dtype),)
+        if return_attention_scores:
+            keys = (key if key is not None else value).shape[1] if cache is None else cache[0].shape[2]
+            scores_shape = (query.shape[0], self.num_heads, query.shape[1], keys)
+            outputs += (keras.KerasTensor(scores_shape, dtype=self.compute_dtype),)
+        if cache is not None:
+            outputs += (tuple(keras.KerasTensor(part.shape, dtype=part.dtype) for part in cache),)
+        return outputs[0] if len(outputs) == 1 else outputs
+
     def _attend_to_cache(self, query, key, value, mask, decoding):
         """Attention of `[B, T, N, H]` queries over a `[B, N, S, H]` cache,
         at inference: torch's fused attention where it takes this layout

@@ -7,9 +7,10 @@ def clone_initializer(initializer):
     """A fresh copy of `initializer`, so that sublayers do not share one.
 
     A seeded initializer object reused across sublayers would give W^Q, W^K
-    and W^V the same values.
+    and W^V the same values. (Keras's `clone`, not a round trip through
+    its serialization, which imports TensorFlow wherever it is installed.)
     """
-    return keras.initializers.get(keras.initializers.serialize(initializer))
+    return keras.initializers.get(initializer).clone()
 
 
 def sublayer_connection(inputs, sublayer, norm, dropout, normalize_first, training, decoding=None):

@@ -37,6 +37,13 @@ class CheckedData:
         return super().evaluate(self._checked_data(x, "test_function"), *args, **kwargs)
 
     def predict(self, x, *args, **kwargs):
+        """Keras's `predict`. Batches of several lengths, such as a
+        `TokenBatches`' buckets (`make_dataset`), come back as one array
+        all the same: each batch's outputs are padded with zeros after its
+        last position to the longest batch's length, `[rows, longest,
+        vocabulary_size]`, the rows in the dataset's order (batch k's are
+        `dataset.pair_indices(k)`, then its rows of padding)."""
+        self._pad_predictions_to(x.longest if isinstance(x, TokenBatches) else None)
         return super().predict(self._checked_data(x, "predict_function"), *args, **kwargs)
 
     def train_on_batch(self, x, *args, **kwargs):
@@ -62,7 +69,25 @@ class CheckedData:
 
     def predict_step(self, *args, **kwargs):
         with self._step_context("predict_function"):
-            return super().predict_step(*args, **kwargs)
+            outputs = super().predict_step(*args, **kwargs)
+        if keras.backend.backend() == "jax":  # JAX's step returns its state too
+            logits, state = outputs
+            return self._padded_predictions(logits), state
+        return self._padded_predictions(outputs)
+
+    def _padded_predictions(self, logits):
+        if self._predictions_length is None:
+            return logits
+        padding = self._predictions_length - keras.ops.shape(logits)[1]
+        return keras.ops.pad(logits, [[0, 0], [0, padding], [0, 0]])
+
+    # The length `predict_step` pads its outputs to, or None.
+    _predictions_length = None
+
+    def _pad_predictions_to(self, length):
+        if length != self._predictions_length:
+            self._predictions_length = length
+            self.predict_function = None  # traced with the old length: Keras makes it again
 
     def _step_context(self, function):
         return ids_checked_on_host(function in self._steps_without_id_check)

@@ -13,6 +13,7 @@ from keras_transformer.layers import Dropout, LearnedPositionEmbedding, LogitsBi
 from keras_transformer.layers import SinusoidalTable, TokenEmbedding, TransformerDecoderBlock, TransformerEncoderBlock
 from keras_transformer.layers.dense import LayerNormalization
 from keras_transformer.models.checked_data import CheckedData
+from keras_transformer.models.compile_settings import CompiledAsAsked
 from keras_transformer.models.config import MAX_SEED
 from keras_transformer.models.config import POSITION_TABLES
 from keras_transformer.models.config import ModelConfig
@@ -27,7 +28,7 @@ RANDOM_STATE_KEY = "random_state_"
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class Transformer(CheckedData, keras.Model):
+class Transformer(CompiledAsAsked, CheckedData, keras.Model):
     """The Transformer of "Attention Is All You Need" (Vaswani et al., 2017).
 
     A Functional model from `{"source_ids": [B, S], "target_ids": [B, T]}` to
@@ -456,7 +457,8 @@ def build_transformer(preset="base", **overrides):
     """Builds a `Transformer` from a preset of Table 3, with any field changed.
 
     Args:
-        preset: `"base"`, `"big"` or `"tiny"`; see `PRESETS`.
+        preset: `"base"` or `"big"` (Table 3), or `"small"` or `"tiny"`
+            for small corpora and CPUs; see `PRESETS`.
         **overrides: `Transformer` arguments that replace the preset's, such
             as `vocabulary_size=8000` or `dtype="mixed_bfloat16"`.
 

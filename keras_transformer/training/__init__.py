@@ -16,6 +16,7 @@ from keras_transformer.training.progress import ValidationBLEU
 from keras_transformer.training.progress import read_curve
 from keras_transformer.training.progress import read_history
 from keras_transformer.training.config import TrainingConfig
+from keras_transformer.training.continued import compile_as_run
 from keras_transformer.training.run import train_translator
 from keras_transformer.training.trainer import StopAtStep
 from keras_transformer.training.trainer import StopOnNonFiniteLoss
@@ -32,6 +33,7 @@ __all__ = [
     "TrainingConfig",
     "ValidationBLEU",
     "average_checkpoints",
+    "compile_as_run",
     "compile_model",
     "fit",
     "list_checkpoints",

@@ -45,8 +45,8 @@ class ProgressLog(StepHook):
     Speeds cover the steps since the previous line, so the first line of a
     run (or of a resumed run) includes compiling. Tokens are the non-padding
     target tokens, read from the `target_tokens` metric when the model is
-    compiled with `keras_transformer.metrics.TargetTokens` (as
-    `compile_model` does).
+    compiled with `keras_transformer.metrics.TargetTokens`
+    (`compile_model(..., count_tokens=True)`, as `train` compiles).
 
     Keras may run it on a thread of its own once each step's logs are on
     the host (`StepHook`), so the steps do not wait for their logs: a line's

@@ -39,6 +39,7 @@ from keras_transformer.data.tokenizer import SubwordTokenizer
 from keras_transformer.data.tokenizers import CONVERTED_FILE as CONVERTED_TOKENIZER_FILE
 from keras_transformer.data.tokenizers import load_tokenizer
 from keras_transformer.decoding.translator import CONFIG_FILE as TRANSLATOR_CONFIG_FILE
+from keras_transformer.decoding.translator_directory import read_model
 from keras_transformer.decoding.translator import Translator
 from keras_transformer.models.transformer import build_transformer
 from keras_transformer.training.checkpoints import average_checkpoints
@@ -204,7 +205,7 @@ def _train(config, resume, log, verbose, distribution, turns):
         compile_model(
             model, warmup_steps=config.warmup_steps, label_smoothing=config.label_smoothing,
             learning_rate_scale=config.learning_rate_scale, jit_compile=config.jit_compile,
-            steps_per_execution=_steps_per_execution(config, reached),
+            steps_per_execution=_steps_per_execution(config, reached), count_tokens=True,
         )
     log(
         f"model: {model.count_params():,} parameters ("
@@ -326,8 +327,9 @@ def _languages(config):
 
 
 def _initial_model(config, tokenizer):
-    """The model of `config.init_from`, with its weights, in the run's dtype."""
-    model = keras.saving.load_model(os.path.join(config.init_from, "model.keras"), compile=False)
+    """The model of `config.init_from`, with its weights, in the run's dtype,
+    as `Translator.load(init_from, compile=True)` reads it."""
+    model = read_model(config.init_from, for_training=True)
     if model.vocabulary_size != tokenizer.vocabulary_size:
         raise ValueError(
             f"{config.init_from}'s model has {model.vocabulary_size} ids and its tokenizer "

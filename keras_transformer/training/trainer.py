@@ -27,13 +27,14 @@ def compile_model(
     jit_compile="auto",
     learning_rate_scale=1.0,
     steps_per_execution=1,
+    count_tokens=False,
     **optimizer_kwargs,
 ):
     """Compiles `model` with the paper's training setup (sections 5.3, 5.4).
 
     Adam (beta1=0.9, beta2=0.98, epsilon=1e-9) on the warmup/rsqrt schedule,
-    cross-entropy with label smoothing eps_ls, masked token accuracy,
-    perplexity, and a count of target tokens (for tokens/s). Mixed precision comes from the model's dtype policy
+    cross-entropy with label smoothing eps_ls, masked token accuracy and
+    perplexity. Mixed precision comes from the model's dtype policy
     (`build_transformer(..., dtype="mixed_bfloat16")`); under
     `mixed_float16`, the optimizer is wrapped in dynamic loss scaling.
 
@@ -50,6 +51,11 @@ def compile_model(
         steps_per_execution: Keras's: steps run per call of the train
             function, their logs and callbacks seen once per call. Above 1,
             JAX queues the next steps while the GPU runs one. 1 under torch.
+        count_tokens: also the `target_tokens` metric, the non-padding
+            target tokens of the epoch so far, from which `ProgressLog`
+            gives tokens/s (`train` counts them). Bookkeeping, not a
+            score: left out of the progress bar and the history unless
+            asked for.
         **optimizer_kwargs: more `keras.optimizers.Adam` arguments.
 
     Returns:
@@ -69,7 +75,7 @@ def compile_model(
     model.compile(
         optimizer=optimizer,
         loss=LabelSmoothedCrossEntropy(label_smoothing),
-        metrics=[MaskedTokenAccuracy(), Perplexity(), TargetTokens()],
+        metrics=[MaskedTokenAccuracy(), Perplexity()] + ([TargetTokens()] if count_tokens else []),
         jit_compile=jit_compile,
         steps_per_execution=steps_per_execution,
     )

@@ -1,0 +1,39 @@
+"""Compiles the tiny model two ways under this process's backend, fits two
+steps and saves each: `auto.keras` (`jit_compile` at its default) and
+`jit.keras` (`jit_compile=True`), for tests/test_compile_settings.py.
+
+    KERAS_BACKEND=jax python tests/compile_and_save.py DIRECTORY
+"""
+
+import os
+import sys
+
+import keras
+import numpy as np
+
+import keras_transformer as kt
+from keras_transformer import training
+
+SETTINGS = {"auto": "auto", "jit": True}
+
+
+def batch(seed):
+    """Two steps' batches of the tiny model's ids: (inputs, labels)."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(3, 64, size=(3, 8, 9)).astype("int32")
+    return {"source_ids": ids[0], "target_ids": ids[1]}, ids[2]
+
+
+def save_compiled(directory):
+    for name, jit_compile in SETTINGS.items():
+        keras.utils.set_random_seed(0)
+        model = kt.build_transformer("tiny", vocabulary_size=64, num_layers=1, d_model=16, d_ff=32, num_heads=2)
+        training.compile_model(model, warmup_steps=10, jit_compile=jit_compile)
+        history = model.fit(*batch(0), batch_size=4, epochs=1, verbose=0)
+        if not all(np.isfinite(history.history["loss"])):
+            raise AssertionError(f"{keras.backend.backend()}, jit_compile={jit_compile}: {history.history}")
+        model.save(os.path.join(directory, f"{keras.backend.backend()}-{name}.keras"))
+
+
+if __name__ == "__main__":
+    save_compiled(sys.argv[1])
