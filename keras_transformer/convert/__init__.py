@@ -84,6 +84,11 @@ def download(hub_id):
 
         return snapshot_download(hub_id, allow_patterns=download_files(list_repo_files(hub_id)))
     except Exception as error:  # noqa: BLE001 - network and hub errors alike
+        try:
+            # Offline (HF_HUB_OFFLINE=1) or unreachable: the hub cache's copy, where it has one.
+            return snapshot_download(hub_id, local_files_only=True)
+        except Exception:  # noqa: BLE001 - not in the cache either: the first error says why
+            pass
         raise ConversionError(f"{hub_id!r} could not be downloaded: {str(error).splitlines()[0]}") from None
 
 

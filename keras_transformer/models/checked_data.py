@@ -27,6 +27,10 @@ class CheckedData:
     _steps_without_id_check = frozenset()
 
     def fit(self, x=None, *args, **kwargs):
+        if isinstance(x, TokenBatches) and len(args) < 8:  # `shuffle` not given by position
+            # Its batches are shuffled by the dataset itself (its `shuffle`),
+            # which Keras's default `shuffle=True` would warn that it ignores.
+            kwargs.setdefault("shuffle", False)
         x = self._checked_data(x, "train_function")
         if "validation_data" in kwargs:
             kwargs["validation_data"] = _as_tf_dataset_under_tensorflow(kwargs["validation_data"])
