@@ -23,6 +23,8 @@ TESTED = {
     ("saved_models/README.md", "python saved_models/translate_file.py"): "test_export.py::test_translate_file_serves_a_file_as_the_translator_translates_it",
 }
 
+KERAS_GUIDE = "test_guide_keras.py::test_the_guide_s_script_trains_saves_goes_on_under_another_backend_and_reuses_the_layers"
+KERAS_GUIDE_EXPORT = "test_guide_keras.py::test_the_guide_s_export_loads_in_a_fresh_python_with_its_operations"
 PYTHON_TESTED = {
     ("README.md", "model.fit("): "test_docs_python.py::test_the_model_block_builds_the_base_model_and_fits_a_step",
     ("docs/guide.md", "model.fit("): "test_docs_python.py::test_the_model_block_builds_the_base_model_and_fits_a_step",
@@ -35,6 +37,13 @@ PYTHON_TESTED = {
     ("docs/guide.md", "attention_window=10"): "test_table3_options.py::test_the_guide_example_prints_what_it_shows",
     ("saved_models/README.md", "export_new_version(translator"): "test_export.py::test_the_export_guide_blocks_export_and_serve_without_the_package",
     ("saved_models/README.md", 'tf.saved_model.load("saved_models/quickstart/1")'): "test_export.py::test_the_export_guide_blocks_export_and_serve_without_the_package",
+    ("docs/guide_keras.md", "make_dataset(train_pairs"): KERAS_GUIDE,
+    ("docs/guide_keras.md", "keras.callbacks.EarlyStopping"): KERAS_GUIDE,
+    ("docs/guide_keras.md", "# continue.py"): KERAS_GUIDE,
+    ("docs/guide_keras.md", "compile=True)"): KERAS_GUIDE,
+    ("docs/guide_keras.md", "kt.layers.TransformerEncoderBlock"): KERAS_GUIDE,
+    ("docs/guide_keras.md", "export_saved_model(translator"): KERAS_GUIDE_EXPORT,
+    ("docs/guide_keras.md", "load_saved_model("): KERAS_GUIDE_EXPORT,
 }
 
 

@@ -447,17 +447,19 @@ class Translator:
 
         Args:
             directory: the directory.
-            compile: also compile its model for `fit`, as the `train` run
-                that wrote the directory compiled it, with the optimizer
-                state of its newest checkpoint where it has one
-                (`training.compile_as_run`): `translator.model.fit(...)`
-                goes on training it. The model's kernels then lie in
-                Keras's order under torch, as in training.
+            compile: also compile its model for `fit`, so that
+                `translator.model.fit(...)` goes on training it: as it was
+                saved, with its optimizer's state, where `model.keras`
+                holds them (a model saved compiled); otherwise as the
+                `train` run that wrote the directory compiled it, with the
+                optimizer state of its newest checkpoint where it has one
+                (`training.compile_as_run`). The model's kernels then lie
+                in Keras's order under torch, as in training.
             **overrides: settings that replace the saved ones, such as
                 `beam_size=1`.
         """
         model = translator_directory.read_model(directory, for_training=compile)
-        if compile:
+        if compile and getattr(model, "optimizer", None) is None:
             from keras_transformer.training.continued import compile_as_run  # training imports decoding
 
             compile_as_run(model, directory)

@@ -27,11 +27,13 @@ HUB_PREFIX = "hf://"
 
 
 def read_model(directory, for_training=False):
-    """The `Transformer` of a translator directory, uncompiled.
+    """The `Transformer` of a translator directory.
 
-    For translating, under torch its kernels lie as oneDNN reads a row's
-    product fastest (`backend/layouts.py`); `for_training`, in Keras's
-    order, which its optimizer keeps its moments in.
+    For translating, uncompiled, and under torch its kernels lie as oneDNN
+    reads a row's product fastest (`backend/layouts.py`). `for_training`,
+    in Keras's order, which its optimizer keeps its moments in, and
+    compiled with its optimizer's state where the file holds them (a model
+    saved compiled; `train`'s averaged translator is not).
     """
     model_path = os.path.join(directory, MODEL_FILE)
     if not os.path.isfile(model_path):
@@ -42,7 +44,7 @@ def read_model(directory, for_training=False):
         )
     try:
         with contextlib.nullcontext() if for_training else layouts.linear_order():
-            model = keras.saving.load_model(model_path, compile=False)
+            model = keras.saving.load_model(model_path, compile=for_training)
     except Exception as error:  # noqa: BLE001 - any unreadable file
         # Keras says "File not found" for a file that is not a zip.
         reason = "not a zip archive" if not zipfile.is_zipfile(model_path) else describe_error(error)
