@@ -2,13 +2,17 @@
 length and batch (`None`), under this backend: built, summarized, drawn,
 trained a step, saved and reloaded to the same outputs."""
 
+import os
+import subprocess
+import sys
+
 import keras
 import numpy as np
 import pytest
 
 from keras_transformer import layers
 
-from conftest import to_numpy
+from conftest import in_one_pass, to_numpy
 
 D = 16
 VOCABULARY = 50
@@ -89,3 +93,29 @@ def test_a_model_of_the_blocks_is_drawn_with_its_shapes(tmp_path):
     assert "(None, None, 16)" in dot
     keras.utils.plot_model(model, tmp_path / "model.png", show_shapes=True)
     assert (tmp_path / "model.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@in_one_pass("jax", "the layers' code is the same under JAX and torch; TensorFlow's backend is TensorFlow")
+def test_building_and_training_under_jax_imports_no_tensorflow():
+    """Where TensorFlow is installed beside another backend, building,
+    compiling and fitting leave it unimported (and its log lines unprinted):
+    an initializer is cloned by Keras's `clone`, not through its
+    serialization, which imports TensorFlow wherever it is installed."""
+    script = (
+        "import sys, numpy as np, keras_transformer as kt\n"
+        "model = kt.training.compile_model(kt.build_transformer('tiny', vocabulary_size=64, num_layers=1))\n"
+        "ids = np.ones((2, 5), 'int32')\n"
+        "model.fit({'source_ids': ids, 'target_ids': ids}, ids, verbose=0)\n"
+        "print('tensorflow' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, KERAS_BACKEND="jax"),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["False"]
+
+
+def test_build_transformer_names_every_preset():
+    import keras_transformer as kt
+    from keras_transformer.models.presets import PRESETS
+
+    assert all(f'"{name}"' in kt.build_transformer.__doc__.split("Returns:")[0] for name in PRESETS)
