@@ -118,14 +118,16 @@ def multi30k_pieces(vocabulary_size, train_source):
     return model.getvalue()
 
 
-def build_models(size_name, spm_vocabulary, work, train_source=TRAIN_SOURCE):
+def build_models(size_name, spm_vocabulary, work, train_source=TRAIN_SOURCE, max_extra_length=None):
     """The random OPUS-MT model with Multi30k's pieces, converted both ways:
     {"ours", "ctranslate2", "spm": directories and path, "settings":
-    translator.json, "translator": ours, loaded here}."""
+    translator.json, "translator": ours, loaded here}. `max_extra_length`,
+    if given, replaces the converted translator's."""
     import ctranslate2
     import sentencepiece
 
     from keras_transformer.convert import convert
+    from keras_transformer.decoding import Translator
 
     spm = multi30k_pieces(spm_vocabulary, train_source)
     processor = sentencepiece.SentencePieceProcessor(model_proto=spm)
@@ -146,6 +148,10 @@ def build_models(size_name, spm_vocabulary, work, train_source=TRAIN_SOURCE):
         with open(os.path.join(hf, name), "wb") as file:
             file.write(spm)
     translator = convert(hf, os.path.join(work, "ours"))
+    if max_extra_length is not None:
+        # In translator.json, which ours' servers read and the CTranslate2 server is given.
+        translator = Translator.load(os.path.join(work, "ours"), max_extra_length=max_extra_length)
+        translator.save_settings(os.path.join(work, "ours"))
 
     class Converter(ctranslate2.converters.TransformersConverter):
         def load_tokenizer(self, tokenizer_class, model_name_or_path, **kwargs):
@@ -573,6 +579,8 @@ def main():
     parser.add_argument("--paragraphs", type=int, default=600, help="--splitters' paragraphs of each test set and language")
     parser.add_argument("--wmt", default=WMT, help="--splitters' folder of newstest2013 and newstest2014 (.en, .de; "
                         "default: ../shared/data/wmt14)")
+    parser.add_argument("--max-extra-length", type=int, help="the tokens each sentence decodes past its source "
+                        "pieces (default: the converted translator's; fewer for smoke runs)")
     parser.add_argument("--train-source", default=TRAIN_SOURCE, help="the text the SentencePiece model is trained on "
                         "(default: Multi30k's train.en, in ../shared/data)")
     args = parser.parse_args()
@@ -597,7 +605,7 @@ def main():
     try:
         began = time.perf_counter()
         sentences = read_sentences(args.sentences)
-        models = build_models(args.size, args.spm_vocab, work, args.train_source)
+        models = build_models(args.size, args.spm_vocab, work, args.train_source, args.max_extra_length)
         settings = models["settings"]
         pieces = source_lengths(models, sentences)
         used = [pieces[i % len(pieces)] for i in range(max(cell_requests(args, c) for c in args.concurrency))]

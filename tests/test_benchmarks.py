@@ -235,7 +235,8 @@ def test_decoding_engines_time_a_converted_translator_against_its_own_engines(tm
 
 def test_decoding_engines_time_a_converted_translator_one_sentence_at_a_time(tmp_path):
     sentences = tmp_path / "sentences.en"
-    sentences.write_text("\n".join(builtin_corpus("test", size=40).sources) + "\n")
+    # Shortest first: the 5 timed sentences need fewer length buckets, each a program to warm up.
+    sentences.write_text("\n".join(sorted(builtin_corpus("test", size=40).sources, key=len)) + "\n")
     out = tmp_path / "latency.json"
     stdout = run_benchmark(
         "decoding_engines.py", "--converted", "tiny", "--latency", "5", "--latency-source", str(sentences),
@@ -304,11 +305,14 @@ def test_serve_load_measures_each_server_at_each_concurrency_and_the_targets(tmp
     train = tmp_path / "train.en"
     train.write_text("\n".join(builtin_corpus("train", size=2_000, seed=0).sources) + "\n", encoding="utf-8")
     sentences = tmp_path / "test.en"
-    sentences.write_text("\n".join(builtin_corpus("test", size=10, seed=1).sources) + "\n", encoding="utf-8")
+    # Short sentences, decoded 8 tokens past their pieces: each server's answers take fewer decoding steps.
+    shortest = sorted(builtin_corpus("test", size=40, seed=1).sources, key=len)[:10]
+    sentences.write_text("\n".join(shortest) + "\n", encoding="utf-8")
     run_benchmark("serve_load.py", "--size", "tiny", "--requests", "3", "--rounds", "2", "--concurrency", "1", "2", "--warm-up", "1",
                   "--no-warm-up", "--settle", "0", "--train-source", str(train), "--sentences", str(sentences),
-                  "--spm-vocab", "100", "--json", str(out))
+                  "--spm-vocab", "100", "--max-extra-length", "8", "--json", str(out))
     report = json.loads(out.read_text())
+    assert report["settings"]["max_extra_length"] == 8
     assert list(report["servers"]) == ["ours", "ours-unbatched", "ctranslate2"]
     for name, server in report["servers"].items():
         assert list(server["cells"]) == ["1", "2"], (name, server)
