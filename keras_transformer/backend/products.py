@@ -199,7 +199,7 @@ def _product_with_gradients():
             x, kernel = ctx.saved_tensors
             # Applied where `torch.compile` broke its graph, the backward may
             # still be traced, and Inductor cannot lower oneDNN's operation.
-            linear = _torch_linear if torch.compiler.is_compiling() else _linear()
+            linear = (lambda a, b: torch.matmul(a, b.t())) if torch.compiler.is_compiling() else _linear()
             x_gradient = kernel_gradient = None
             if ctx.needs_input_grad[0]:
                 x_gradient = linear(gradient, kernel)  # [M, N] by [N, K]
@@ -208,13 +208,6 @@ def _product_with_gradients():
             return x_gradient, kernel_gradient
 
     return OneDNNProduct
-
-
-def _torch_linear(a, b):
-    """a b^T, as oneDNN's `linear(a, b)`, in torch's own product."""
-    import torch
-
-    return torch.matmul(a, b.t())
 
 
 def _product(x, kernel, contracted):
