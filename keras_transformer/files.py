@@ -155,3 +155,10 @@ def check_writable(path):
         raise FileNotFoundError(f"--output {path}: the directory {directory} does not exist.")
     if not os.access(directory, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
         raise ValueError(f"--output {path} is not writable.")
+
+
+def cache_directory(*parts):
+    """`$XDG_CACHE_HOME/keras-transformer/<parts>` (`~/.cache/...` where
+    it is unset): where the package keeps what it can make again."""
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser(os.path.join("~", ".cache"))
+    return os.path.join(root, "keras-transformer", *parts)

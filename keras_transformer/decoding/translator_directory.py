@@ -18,6 +18,7 @@ import keras
 from keras_transformer.backend import layouts
 from keras_transformer.checks import describe_error
 from keras_transformer.data.corpus import read_json_object
+from keras_transformer.files import cache_directory
 from keras_transformer.models.transformer import Transformer
 
 CONFIG_FILE = "translator.json"
@@ -98,10 +99,7 @@ def preset_directory(preset, source_language=None, target_language=None, cache=N
         )
     key += f"\0{source_language}\0{target_language}"
     name = re.sub(r"[^A-Za-z0-9_.-]+", "--", source.strip("/"))[-80:]
-    cache = cache or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser(os.path.join("~", ".cache")),
-        "keras-transformer", "presets",
-    )
+    cache = cache or cache_directory("presets")
     directory = os.path.join(cache, f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}")
     if not os.path.isfile(os.path.join(directory, MODEL_FILE)):
         convert.convert(source, directory, source_language=source_language, target_language=target_language)

@@ -9,6 +9,7 @@ import numpy as np
 
 from keras_transformer.checks import check_count
 from keras_transformer.environment import tensorflow_beside_backend
+from keras_transformer.files import cache_directory
 from keras_transformer.losses import LabelSmoothedCrossEntropy
 from keras_transformer.metrics import MaskedTokenAccuracy
 from keras_transformer.metrics import Perplexity
@@ -98,10 +99,7 @@ def use_compilation_cache(directory=None):
         return None
     import jax
 
-    directory = directory or jax.config.jax_compilation_cache_dir or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser(os.path.join("~", ".cache")),
-        "keras-transformer", "jax",
-    )
+    directory = directory or jax.config.jax_compilation_cache_dir or cache_directory("jax")
     jax.config.update("jax_compilation_cache_dir", os.fspath(directory))
     return directory
 
