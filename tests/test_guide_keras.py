@@ -21,6 +21,7 @@ SMALLER = {
     "steps_per_epoch=200, epochs=10,": "steps_per_epoch=3, epochs=2,",
     "steps_per_epoch=200, epochs=1)": "steps_per_epoch=2, epochs=1)",
     "size=5000, seed=1": "size=300, seed=1",
+    "buckets=6": "buckets=2",
     "steps_per_epoch=100, epochs=1)": "steps_per_epoch=2, epochs=1)",
 }
 
