@@ -31,6 +31,11 @@ does (about 25,000 padded tokens a side per batch, as in the paper;
   (`keras_transformer/backend/products.py`): torch's own `matmul` where it
   picks oneDNN's, oneDNN's where it picks torch's, to show what the rule
   buys;
+- `ours_accumulate` (asked for by name): ours compiled with
+  `accumulate=--accumulate` (4): one update every 4 batches, each batch's
+  loss weighed by its share of the update's target tokens, as
+  `keras-transformer train --accumulate 4` trains; beside `ours` on the
+  same batches, it shows what accumulating costs in speed and memory;
 - `ours_jit` (asked for by name): ours compiled with `jit_compile=True`,
   which is `torch.compile` of the train step under torch and XLA under
   TensorFlow (JAX always compiles with XLA), beside `ours` with
@@ -308,12 +313,26 @@ def keras_matmul_rate(dtype, size, repeats):
 # === Contenders ===
 
 
-class KerasContender:
-    """A compiled Keras model, trained with `fit` on fixed batches."""
+def update_weights(batches, accumulate):
+    """Each batch's loss weight for updates of `accumulate` batches: that
+    many times its share of its update's target tokens, per token."""
+    tokens = np.array([int((labels != 0).sum()) for _, labels in batches], np.float64)
+    weights = []
+    for start in range(0, len(batches), accumulate):
+        group = tokens[start : start + accumulate]
+        for (_, labels), count in zip(batches[start : start + accumulate], group):
+            weights.append(np.full(labels.shape, len(group) * count / max(group.sum(), 1.0), np.float32))
+    return weights
 
-    def __init__(self, name, model, batches, context=contextlib.nullcontext):
+
+class KerasContender:
+    """A compiled Keras model, trained with `fit` on fixed batches (with
+    `accumulate` above 1, each with its loss weights)."""
+
+    def __init__(self, name, model, batches, context=contextlib.nullcontext, accumulate=1):
         self.name = name
         self.model = model
+        self.weights = update_weights(batches, accumulate) if accumulate > 1 else None
         self.batches = batches
         self.context = context  # around each `fit`, where steps are traced
         shapes = {labels.shape for _, labels in batches}
@@ -324,7 +343,7 @@ class KerasContender:
             self.arrays = (
                 {key: np.concatenate([inputs[key] for inputs, _ in batches]) for key in batches[0][0]},
                 np.concatenate([labels for _, labels in batches]),
-            )
+            ) + ((np.concatenate(self.weights),) if self.weights is not None else ())
         self.parameters = model.count_params()
         self.jit_compile = model.jit_compile  # Keras's resolved setting
 
@@ -345,17 +364,19 @@ class KerasContender:
         timer = step_times()
         if self.arrays is not None:
             batch_size = len(self.batches[0][1])
-            inputs, labels = self.arrays
+            inputs, labels, *weights = self.arrays
             rows = steps * batch_size
             self.model.fit(
                 {key: value[:rows] for key, value in inputs.items()}, labels[:rows],
+                sample_weight=weights[0][:rows] if weights else None,
                 batch_size=batch_size, epochs=1, verbose=0, shuffle=False, callbacks=[timer],
             )
         else:
             # A generator, which our model's `fit` checks on the host as
             # it yields, as it does `train`'s batches (not in the step).
+            batches = self.batches if self.weights is None else [(*b, w) for b, w in zip(self.batches, self.weights)]
             self.model.fit(
-                (batch for batch in self.batches[:steps]), steps_per_epoch=steps,
+                (batch for batch in batches[:steps]), steps_per_epoch=steps,
                 epochs=1, verbose=0, shuffle=False, callbacks=[timer],
             )
         return timer.ends[-1] - timer.first
@@ -590,19 +611,22 @@ def build_contenders(args, size, batches, skipped):
     built = []
 
     def keras_contender(
-        name, make_model, jit_compile=args.jit_compile, context=contextlib.nullcontext, steps_per_execution=1
+        name, make_model, jit_compile=args.jit_compile, context=contextlib.nullcontext, steps_per_execution=1,
+        accumulate=1,
     ):
         start = time.perf_counter()
         with data_parallel_scope(args.data_parallel):
             model = make_model()
             compile_model(
                 model, warmup_steps=WARMUP_STEPS, label_smoothing=LABEL_SMOOTHING, jit_compile=jit_compile,
-                steps_per_execution=steps_per_execution,
+                steps_per_execution=steps_per_execution, accumulate=accumulate,
             )
-        contender = KerasContender(name, model, batches, context)
+        contender = KerasContender(name, model, batches, context, accumulate=accumulate)
         built.append((contender, time.perf_counter() - start))
 
     keras_contender("ours", lambda: our_model(size, dtype))
+    if "ours_accumulate" in args.contenders:
+        keras_contender("ours_accumulate", lambda: our_model(size, dtype), accumulate=args.accumulate)
     if "ours_jit" in args.contenders:
         keras_contender("ours_jit", lambda: our_model(size, dtype), jit_compile=True)
     if "ours_steps_per_execution" in args.contenders:
@@ -653,6 +677,37 @@ def data_parallel_scope(enabled):
             "--data-parallel needs KERAS_BACKEND=jax or tensorflow; Keras has "
             f"no data parallelism for {backend}."
         )
+
+
+def memory_alone(args, name):
+    """`ours`' or `ours_accumulate`'s peak memory trained in a process of
+    its own (a CPU's max RSS counts every contender of the process): the
+    peak while it trains a warm-up and `--steps` steps, in bytes."""
+    import subprocess
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        argv = [a for a in sys.argv[1:] if a not in ("--memory-alone",)]
+        child = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), *argv, "--alone", name, "--out", out.name],
+            capture_output=True, text=True, timeout=3600,
+        )
+        if child.returncode:
+            raise RuntimeError(f"--alone {name} failed: {child.stderr[-2000:]}")
+        return json.load(open(out.name))["peak_memory_bytes"]
+
+
+def run_alone(args):
+    """The child of `memory_alone`: one contender, trained; its peak."""
+    size = dict(SIZES[args.size])
+    if args.batch_size is not None:
+        size["batch_size"] = args.batch_size
+    batches = random_data(size, args.steps)
+    args.contenders = [args.alone] if args.alone != "ours" else []
+    (contender, _), *_ = [c for c in build_contenders(args, size, batches, {}) if c[0].name == args.alone]
+    contender.train(1)
+    contender.train(args.steps)
+    return {"contender": args.alone, "peak_memory_bytes": PeakMemory(keras.backend.backend(), keras_device()[0]).read()}
 
 
 def run(args):
@@ -755,8 +810,15 @@ def run(args):
         result["mfu_without_padding"] = real_flops / turn_seconds / peak[framework]
         if bfloat16_peak is not None:
             result["mfu_of_bfloat16_peak"] = flops / turn_seconds / bfloat16_peak
+    if args.memory_alone:
+        for name in ["ours"] + [c for c in ("ours_accumulate",) if c in results]:
+            results[name]["peak_memory_alone_bytes"] = memory_alone(args, name)
     ratios = {}
-    others = ("ours_jit", "ours_steps_per_execution", "ours_xla_attention", "ours_other_products", "keras_hub", "torch")
+    if "peak_memory_alone_bytes" in results.get("ours_accumulate", {}):
+        ratios["ours_accumulate/ours peak memory alone"] = (
+            results["ours_accumulate"]["peak_memory_alone_bytes"] / results["ours"]["peak_memory_alone_bytes"]
+        )
+    others = ("ours_accumulate", "ours_jit", "ours_steps_per_execution", "ours_xla_attention", "ours_other_products", "keras_hub", "torch")
     for other in others:
         if other in results:
             ratios[f"ours/{other}"] = (
@@ -917,6 +979,11 @@ def markdown_table(report):
         lines.append(
             f"bfloat16 peak through Keras: {report['bfloat16_peak_matmul_flops_per_second'] / 1e12:,.0f} TFLOP/s."
         )
+    alone = {name: r["peak_memory_alone_bytes"] for name, r in report["contenders"].items() if "peak_memory_alone_bytes" in r}
+    if alone:
+        lines.append("Peak memory, each trained in a process of its own: " + ", ".join(
+            f"{name} {value / 2**20:,.0f} MiB" for name, value in alone.items()
+        ) + "".join(f"; {key} {value:.3f}" for key, value in report["ratios"].items() if "memory" in key) + ".")
     for name, reason in report["skipped"].items():
         lines.append(f"Skipped {name}: {reason}")
     return "\n".join(lines)
@@ -949,9 +1016,14 @@ def main():
     parser.add_argument("--settle", type=float, default=1.0,
                         help="idle seconds before each turn")
     parser.add_argument("--contenders", nargs="*", default=["keras_hub", "torch"],
-                        choices=["ours_jit", "ours_steps_per_execution", "ours_xla_attention", "ours_other_products",
-                                 "keras_hub", "torch"],
+                        choices=["ours_accumulate", "ours_jit", "ours_steps_per_execution", "ours_xla_attention",
+                                 "ours_other_products", "keras_hub", "torch"],
                         help="besides ours")
+    parser.add_argument("--accumulate", type=int, default=4,
+                        help="batches per update of ours_accumulate (--steps a multiple of it)")
+    parser.add_argument("--memory-alone", action="store_true",
+                        help="also the peak memory of ours (and ours_accumulate) each trained in a process of its own")
+    parser.add_argument("--alone", help=argparse.SUPPRESS)  # memory_alone's child
     parser.add_argument("--steps-per-execution", type=int, default=8,
                         help="ours_steps_per_execution's (Keras's compile argument); divides --steps")
     parser.add_argument("--jit-compile", choices=["auto", "true", "false"], default="auto",
@@ -996,6 +1068,8 @@ def main():
     ):
         parser.error(f"--steps-per-execution must be >= 1 and divide --steps ({args.steps}). "
                      f"Received: {args.steps_per_execution}")
+    if "ours_accumulate" in args.contenders and (args.accumulate < 2 or args.steps % args.accumulate):
+        parser.error(f"--accumulate must be >= 2 and divide --steps ({args.steps}). Received: {args.accumulate}")
     args.jit_compile = {"auto": "auto", "true": True, "false": False}[args.jit_compile]
     args.dump = None
     if args.profile and keras.backend.backend() == "jax":
@@ -1006,12 +1080,13 @@ def main():
         # Read when JAX starts its first device, which nothing has yet.
         args.dump = tempfile.mkdtemp(prefix="xla_modules_")
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {xla_dump_flags(args.dump)}".strip()
-    report = run(args)
+    report = run_alone(args) if args.alone else run(args)
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as file:
             json.dump(report, file, indent=2)
-    print(markdown_table(report))
+    if not args.alone:
+        print(markdown_table(report))
 
 
 if __name__ == "__main__":

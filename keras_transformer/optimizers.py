@@ -23,26 +23,29 @@ import keras
 from keras_transformer.schedules import TransformerSchedule
 
 
-def transformer_adam(d_model, warmup_steps=4000, learning_rate_scale=1.0, **kwargs):
+def transformer_adam(d_model, warmup_steps=4000, learning_rate_scale=1.0, accumulate=1, **kwargs):
     """Adam with beta1=0.9, beta2=0.98, epsilon=1e-9 and the paper's schedule.
 
     Args:
         d_model: the model size, which scales the schedule.
         warmup_steps: the schedule's warmup, 4000 in the paper.
         learning_rate_scale: the schedule's constant factor, 1 in the paper.
-        **kwargs: further `keras.optimizers.Adam` arguments, such as
-            `clipnorm` or `loss_scale_factor`.
+        accumulate: batches per update (Keras's
+            `gradient_accumulation_steps`, which averages their gradients;
+            the schedule counts updates).
+        **kwargs: other `keras.optimizers.Adam` arguments, such as
+            `global_clipnorm`, or in place of the paper's (`epsilon`).
 
     Returns:
         An `Adam` (a `keras.optimizers.Adam`) whose learning rate is a
         `TransformerSchedule`.
     """
+    if accumulate != 1:
+        kwargs["gradient_accumulation_steps"] = accumulate
+    settings = {"beta_1": 0.9, "beta_2": 0.98, "epsilon": 1e-9} | kwargs
     return Adam(
-        learning_rate=TransformerSchedule(d_model, warmup_steps, learning_rate_scale),
-        beta_1=0.9,
-        beta_2=0.98,
-        epsilon=1e-9,
-        **kwargs,
+        learning_rate=TransformerSchedule(d_model, warmup_steps, learning_rate_scale, steps_per_update=accumulate),
+        **settings,
     )
 
 

@@ -23,19 +23,27 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
         scale: a constant factor, 1 in the paper. Smaller batches than the
             paper's 25,000 tokens often train better with a larger one
             (Tensor2Tensor calls it `learning_rate_constant`).
+        steps_per_update: batches per optimizer update (gradient
+            accumulation): Keras's optimizer then calls the schedule with
+            its count of batches, and the rate is that of the update.
     """
 
-    def __init__(self, d_model, warmup_steps=4000, scale=1.0):
+    def __init__(self, d_model, warmup_steps=4000, scale=1.0, steps_per_update=1):
         for name, value in (("d_model", d_model), ("warmup_steps", warmup_steps), ("scale", scale)):
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(
                     f"`{name}` must be a positive finite number. Received: {name}={value!r}"
                 )
+        if isinstance(steps_per_update, bool) or not isinstance(steps_per_update, int) or steps_per_update < 1:
+            raise ValueError(f"`steps_per_update` must be an integer >= 1. Received: steps_per_update={steps_per_update!r}")
         self.d_model = d_model
         self.warmup_steps = warmup_steps
         self.scale = float(scale)
+        self.steps_per_update = steps_per_update
 
     def __call__(self, step):
+        if self.steps_per_update > 1:
+            step = ops.floor_divide(step, self.steps_per_update)
         step_num = ops.cast(step, "float32") + 1.0
         warmup = ops.cast(self.warmup_steps, "float32")
         return self.scale * ops.cast(self.d_model, "float32") ** -0.5 * ops.minimum(
@@ -43,4 +51,7 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
         )
 
     def get_config(self):
-        return {"d_model": self.d_model, "warmup_steps": self.warmup_steps, "scale": self.scale}
+        return {
+            "d_model": self.d_model, "warmup_steps": self.warmup_steps, "scale": self.scale,
+            "steps_per_update": self.steps_per_update,
+        }

@@ -32,6 +32,11 @@ except ImportError as error:  # an unknown backend, or one not installed
     sys.exit(f"error: {error}")
 
 
+# Section 5.1: batches of about 25,000 source and 25,000 target tokens, on
+# 8 P100 GPUs.
+PAPER_TOKENS_PER_UPDATE = 25000
+PAPER_GPUS = 8
+
 # This recipe's defaults; wmt14_en_fr.py has its own.
 EN_DE = {"preset": "base", "vocabulary_size": 37000, "dropout": None, "average": 5}
 
@@ -45,7 +50,12 @@ def parse_args(argv=None, defaults=EN_DE, description=__doc__):
     parser.add_argument("--model-dir", required=True)
     parser.add_argument("--resume", action="store_true", help="continue the run in --model-dir")
     parser.add_argument("--train-steps", type=int, default=100000)
-    parser.add_argument("--tokens-per-batch", type=int, default=25000)
+    parser.add_argument("--tokens-per-update", type=int, default=PAPER_TOKENS_PER_UPDATE,
+                        help="target tokens per optimizer update (section 5.1: about 25,000)")
+    parser.add_argument("--tokens-per-device", type=int, default=PAPER_TOKENS_PER_UPDATE // PAPER_GPUS,
+                        help="tokens per batch on each device, what its memory holds (the paper's 8 GPUs: 3,125 each)")
+    parser.add_argument("--tokens-per-batch", type=int,
+                        help="tokens per batch over all devices (default: --tokens-per-device times the devices)")
     parser.add_argument("--vocabulary-size", type=int, default=defaults["vocabulary_size"])
     parser.add_argument("--dropout", type=float, default=defaults["dropout"], help="P_drop (default: the preset's)")
     parser.add_argument("--warmup-steps", type=int, default=4000)
@@ -74,13 +84,22 @@ def parse_args(argv=None, defaults=EN_DE, description=__doc__):
     if args.smoke:
         args.preset, args.dropout, args.vocabulary_size = "tiny", None, min(args.vocabulary_size, 2000)
         args.train_steps, args.checkpoint_every, args.average = 2, 2, 1
-        args.tokens_per_batch, args.max_tokens, args.warmup_steps = 2048, 64, 10
+        args.tokens_per_batch, args.tokens_per_update, args.max_tokens, args.warmup_steps = 2048, 4096, 64, 10
         args.valid_size, args.test_size = args.valid_size or 16, args.test_size or 8
     return args
 
 
-def configuration(args, files):
+def batches_per_update(args, devices):
+    """`(tokens_per_batch, accumulate)`: a batch on every device, and as many
+    batches per update as make `--tokens-per-update` on this machine."""
+    tokens_per_batch = args.tokens_per_batch or args.tokens_per_device * devices
+    return tokens_per_batch, max(1, round(args.tokens_per_update / tokens_per_batch))
+
+
+def configuration(args, files, devices=1):
     from keras_transformer.training import TrainingConfig
+
+    tokens_per_batch, accumulate = batches_per_update(args, devices)
 
     def side(split, index):
         return [pair[index] for pair in files[split]]
@@ -94,7 +113,8 @@ def configuration(args, files):
         preset=args.preset,
         model={} if args.dropout is None else {"dropout": args.dropout},
         dtype=args.dtype,
-        tokens_per_batch=args.tokens_per_batch,
+        tokens_per_batch=tokens_per_batch,
+        accumulate=accumulate,
         max_tokens=args.max_tokens,
         warmup_steps=args.warmup_steps,
         train_steps=args.train_steps,
@@ -117,6 +137,7 @@ def main(argv=None, source_language="en", target_language="de", defaults=EN_DE, 
     from keras_transformer.scoring import score_translations
     from keras_transformer.data.wmt14 import write_tfds_files
     from keras_transformer.training import train_translator
+    from keras_transformer.training.distribution import training_devices
     from keras_transformer.training.run import read_corpus
 
     def log(line):
@@ -127,7 +148,14 @@ def main(argv=None, source_language="en", target_language="de", defaults=EN_DE, 
             os.path.join(args.model_dir, "data"), source_language, target_language
         )
         files = wmt14_files(data_dir, source_language, target_language)
-        config = configuration(args, files)
+        devices = training_devices()
+        config = configuration(args, files, devices)
+        log(
+            f"tokens per update: {config.tokens_per_batch * config.accumulate:,} = {devices} device"
+            f"{'s' * (devices > 1)} x {config.tokens_per_batch // devices:,} tokens x {config.accumulate} "
+            f"batch{'es' * (config.accumulate > 1)} (the paper: {PAPER_GPUS} GPUs x "
+            f"{PAPER_TOKENS_PER_UPDATE // PAPER_GPUS:,} tokens x 1 batch)"
+        )
         translator = train_translator(config, resume=args.resume, log=log)
     except (ValueError, FileNotFoundError) as error:
         sys.exit(f"error: {error}")

@@ -246,6 +246,18 @@ def cli_error(*args):
         (["--position-encoding", "learned", "--max-length", "8"], "model.max_length (8) must be at least max_tokens (16)"),
         (["--max-length", "32"], "sinusoids have no maximum"),
         (["--vocabulary", "/nonexistent"], "No vocabulary to reuse in /nonexistent"),
+        (["--accumulate", "0"], "accumulate must be an integer >= 1; received 0"),
+        (["--best-metric", "bleu", "--patience", "-1"], "patience must be an integer >= 0; received -1"),
+        (["--best-metric", "bleu", "--keep-best", "2", "--average-best", "3"], "average_best (3) must be at most keep_best (2)"),
+        (["--best-metric", "bleu", "--average", "5"], "average (5) averages the last checkpoints, and best_metric chooses the best"),
+        (["--best-metric", "chrf", "--valid-metrics", "loss", "bleu"], "best_metric 'chrf' must be one of valid_metrics ['loss', 'bleu']"),
+        (["--best-metric", "bleu", "--valid-bleu-sentences", "0"], "best_metric 'bleu' scores translations, which valid_bleu_sentences 0 turns off"),
+        (["--patience", "3"], "patience needs best_metric"),
+        (["--valid-beam-size", "0"], "valid_beam_size must be an integer >= 1; received 0"),
+        (["--max-epochs", "0"], "max_epochs must be an integer >= 1; received 0"),
+        (["--max-time", "soon"], "max_time: expected a duration such as 90m, 2h30m or 3600 (seconds); received 'soon'"),
+        (["--max-time", "0m"], "max_time: expected a duration above zero; received '0m'"),
+        (["--clip-norm", "-1"], "clip_norm must be a number in (0, inf); received -1.0"),
     ],
 )
 def test_bad_arguments_are_one_error_line_before_any_training(files, tmp_path, extra, message, capsys):

@@ -86,7 +86,8 @@ def trained(tmp_path_factory):
     model_dir = directory / "run"
     common = ["--model-dir", model_dir, "--preset", "tiny", "--num-layers", "1", "--vocabulary-size", 400,
               "--tokens-per-batch", 1024, "--max-tokens", 48, "--checkpoint-every", 2,
-              "--valid-bleu-sentences", 0, "--log-every", 1, "--beam-size", 2, "--max-extra-length", 4]
+              "--valid-bleu-sentences", 2, "--valid-metrics", "loss", "chrf", "--log-every", 1, "--beam-size", 2,
+              "--max-extra-length", 4]
     first = cli("train", "--train-source", files["train.en"], "--train-target", files["train.de"],
                 "--valid-source", files["valid.en"], "--valid-target", files["valid.de"],
                 "--train-steps", 2, *common)
@@ -111,8 +112,6 @@ def test_train_and_resume_without_tensorflow(trained):
 @slow  # needs `trained`, two training processes
 def test_train_writes_its_curves_without_tensorflow(trained):
     _, model_dir, first, resumed = trained
-    # No TensorBoard logs without TensorFlow; the curves are CSV and JSON lines.
-    assert not (model_dir / "logs").exists()
     curve = kt_training.read_curve(model_dir / "train_curve.csv")
     assert [row["step"] for row in curve] == [1, 2, 3, 4]
     shown = [float(line.split("loss ")[1].split()[0]) for line in (first.stdout + resumed.stdout).splitlines()
@@ -121,7 +120,24 @@ def test_train_writes_its_curves_without_tensorflow(trained):
     assert all(row["learning_rate"] > 0 and row["target_tokens_per_second"] > 0 for row in curve)
     history = kt_training.read_history(model_dir / "history.jsonl")
     assert [record["step"] for record in history] == [2, 4]
-    assert all(record["val_loss"] > 0 for record in history)
+    assert all(record["val_loss"] > 0 and "val_chrf" in record for record in history)
+    assert all(record["chrf_signature"].startswith("nrefs:1|") for record in history)
+
+    # TensorBoard's events, one file a run, as tensorboard's own reader reads them.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    assert len(list((model_dir / "logs").glob("events.out.tfevents.*"))) == 2
+    board = EventAccumulator(str(model_dir / "logs"))
+    board.Reload()
+    scalars = lambda tag, digits=3: [(e.step, round(e.value, digits)) for e in board.Scalars(tag)]  # noqa: E731
+    assert scalars("train/loss") == [(row["step"], round(row["loss"], 3)) for row in curve]
+    assert [step for step, _ in scalars("train/learning_rate")] == [1, 2, 3, 4]
+    assert [step for step, _ in scalars("train/tokens_per_second")] == [1, 2, 3, 4]
+    assert scalars("valid/loss") == [(r["step"], round(r["val_loss"], 3)) for r in history]
+    assert scalars("valid/chrf", 2) == [(r["step"], r["val_chrf"]) for r in history]  # the history's 2 digits
+    texts = board.Tensors("valid/translations")
+    assert [event.step for event in texts] == [2, 4]
+    assert texts[-1].tensor_proto.string_val[0].decode().startswith("| source | translation | reference |")
 
 
 @slow  # needs `trained`, two training processes

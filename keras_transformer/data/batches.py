@@ -135,11 +135,18 @@ class TokenBatches(keras.utils.PyDataset):
             padding.
         shard: `(index, count)`: this process's share of each batch's rows,
             for `count` processes training on the same batches.
+        accumulate: batches per optimizer update (`compile_model(...,
+            accumulate=N)`): batches k N to k N + N - 1 make update k, and
+            each comes with a weight for its loss, N times its share of
+            the update's target tokens. Keras averages the batches'
+            gradients, so the update is normalized by the target tokens of
+            all N, as one batch holding their sentences would be.
         **kwargs: `keras.utils.PyDataset`'s `workers`,
             `use_multiprocessing` and `max_queue_size`.
 
     Each item is `({"source_ids", "target_ids"}, labels)`, int32
-    `[batch, length]` NumPy arrays.
+    `[batch, length]` NumPy arrays; with `accumulate` above 1, then the
+    loss's weights, float32 `[batch, length]` (a batch's all the same).
     """
 
     def __init__(
@@ -155,6 +162,7 @@ class TokenBatches(keras.utils.PyDataset):
         bucket_step=1.1,
         buckets=None,
         shard=(0, 1),
+        accumulate=1,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -165,6 +173,7 @@ class TokenBatches(keras.utils.PyDataset):
             ("tokens_per_batch", tokens_per_batch, 1),
             ("batch_multiple", batch_multiple, 1),
             ("token_alignment", token_alignment, 1),
+            ("accumulate", accumulate, 1),
         ):
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
                 raise ValueError(f"`{name}` must be an integer >= {least}. Received: {name}={value!r}")
@@ -195,6 +204,7 @@ class TokenBatches(keras.utils.PyDataset):
         self.repeat = repeat
         self.seed = int(np.random.randint(2**31)) if seed is None else int(seed)
         self.shard = (index, count)
+        self.accumulate = int(accumulate)
         self.vocabulary_size = pairs.vocabulary_size
         if buckets is None:
             self.lengths = np.array(bucket_lengths(max_length, step=bucket_step), np.int64)
@@ -322,14 +332,39 @@ class TokenBatches(keras.utils.PyDataset):
         return self._batch(*self._epoch_and_step(index))
 
     def _batch(self, epoch, step):
+        members, bucket = self._shard_members(epoch, step)
+        rows, columns = int(self.batch_sizes[bucket]) // self.shard[1], int(self.lengths[bucket])
+        source_ids, _ = _padded(*self.pairs.gather("source", members), rows, columns)
+        target_ids, labels = _padded(*self.pairs.gather("target", members), rows, columns, decoder=True)
+        batch = _as_batch(source_ids, target_ids, labels)
+        if self.accumulate == 1:
+            return batch
+        # Per token: Keras weighs the loss's `[batch, length]` values by them.
+        return (*batch, np.full((rows, columns), self._loss_weight(epoch, step, members), np.float32))
+
+    def _shard_members(self, epoch, step):
+        """This process's rows of batch `step` of `epoch`, and its bucket."""
         members, bucket = self._pair_indices(epoch, step)
-        rows, columns = int(self.batch_sizes[bucket]), int(self.lengths[bucket])
         shard, shards = self.shard
-        share = rows // shards
-        members = members[shard * share : (shard + 1) * share]
-        source_ids, _ = _padded(*self.pairs.gather("source", members), share, columns)
-        target_ids, labels = _padded(*self.pairs.gather("target", members), share, columns, decoder=True)
-        return _as_batch(source_ids, target_ids, labels)
+        share = int(self.batch_sizes[bucket]) // shards
+        return members[shard * share : (shard + 1) * share], bucket
+
+    def _target_tokens(self, members):
+        """The labels' real tokens of these pairs: each target and its EOS."""
+        return int(self.pairs.target_lengths[members].sum(dtype=np.int64)) + len(members)
+
+    def _loss_weight(self, epoch, step, members):
+        """N times this batch's share of its update's target tokens: the
+        loss is a mean over the batch's tokens, and Keras averages the N
+        batches' gradients."""
+        absolute = epoch * self.batches_per_epoch + step if self.repeat else step
+        first = absolute - absolute % self.accumulate
+        last = first + self.accumulate if self.repeat else min(first + self.accumulate, self.batches_per_epoch)
+        total = 0
+        for other in range(first, last):
+            other_epoch, other_step = divmod(other, self.batches_per_epoch) if self.repeat else (epoch, other)
+            total += self._target_tokens(self._shard_members(other_epoch, other_step)[0])
+        return (last - first) * self._target_tokens(members) / max(total, 1)
 
     def as_tf_dataset(self):
         """The same batches as a `tf.data.Dataset`, for the TensorFlow backend.
@@ -349,9 +384,10 @@ class TokenBatches(keras.utils.PyDataset):
                     yield self._batch(epoch, step)
 
         ids = tf.TensorSpec([None, None], tf.int32)
-        dataset = tf.data.Dataset.from_generator(
-            batches, output_signature=({"source_ids": ids, "target_ids": ids}, ids)
-        )
+        signature = ({"source_ids": ids, "target_ids": ids}, ids)
+        if self.accumulate > 1:
+            signature += (tf.TensorSpec([None, None], tf.float32),)
+        dataset = tf.data.Dataset.from_generator(batches, output_signature=signature)
         if not self.repeat:
             dataset = dataset.apply(tf.data.experimental.assert_cardinality(len(self)))
         # No autotuning: tearing down an autotuned iterator at an epoch's end

@@ -12,10 +12,13 @@ from keras_transformer.training.checkpoints import list_checkpoints
 from keras_transformer.training.checkpoints import restore_latest
 from keras_transformer.training.distribution import Distribution
 from keras_transformer.training.progress import ProgressLog
-from keras_transformer.training.progress import ValidationBLEU
 from keras_transformer.training.progress import read_curve
 from keras_transformer.training.progress import read_history
 from keras_transformer.training.config import TrainingConfig
+from keras_transformer.training.board import Board
+from keras_transformer.training.selection import BestCheckpoints
+from keras_transformer.training.validation import Validation
+from keras_transformer.training.validation import ValidationBLEU
 from keras_transformer.training.continued import compile_as_run
 from keras_transformer.training.run import train_translator
 from keras_transformer.training.trainer import StopAtStep
@@ -25,12 +28,15 @@ from keras_transformer.training.trainer import fit
 from keras_transformer.training.trainer import use_compilation_cache
 
 __all__ = [
+    "BestCheckpoints",
+    "Board",
     "Distribution",
     "ProgressLog",
     "SaveCheckpoints",
     "StopAtStep",
     "StopOnNonFiniteLoss",
     "TrainingConfig",
+    "Validation",
     "ValidationBLEU",
     "average_checkpoints",
     "compile_as_run",

@@ -10,6 +10,7 @@ from keras_transformer.models.config import ModelConfig
 
 def add_arguments(parser):
     from keras_transformer.training.config import TrainingConfig
+    from keras_transformer.training.validation import VALID_METRICS
 
     defaults = TrainingConfig(model_dir="", train_source=[], train_target=[],
                               valid_source=[], valid_target=[])
@@ -47,14 +48,27 @@ def add_arguments(parser):
     optimization.add_argument("--tokens-per-batch", type=int, help=f"padded tokens per side per batch (default {defaults.tokens_per_batch})")
     optimization.add_argument("--bucket-step", type=float, help=f"each batch length about this factor above the last; 1.5 compiles fewer shapes on a GPU (default {defaults.bucket_step})")
     optimization.add_argument("--buckets", type=int, help="at most N batch lengths, fitted to the corpus for the least padding (replaces --bucket-step; 8 suits a GPU)")
-    optimization.add_argument("--train-steps", type=int, help=f"optimizer steps (default {defaults.train_steps})")
+    optimization.add_argument("--train-steps", type=int, help=f"optimizer updates (default {defaults.train_steps})")
+    optimization.add_argument("--accumulate", type=int, metavar="N", help="batches per update: their gradients summed and normalized by all their target tokens, as one batch of their sentences (default 1)")
     optimization.add_argument("--warmup-steps", type=int, help=f"learning-rate warmup (default {defaults.warmup_steps})")
     optimization.add_argument("--learning-rate-scale", type=float, help="constant factor on the schedule (default 1)")
     optimization.add_argument("--label-smoothing", type=float, help=f"eps_ls (default {defaults.label_smoothing})")
+    optimization.add_argument("--max-epochs", type=int, metavar="E", help="stop after E passes over the training pairs, if before --train-steps")
+    optimization.add_argument("--max-time", metavar="DURATION", help="stop after this long (90m, 2h30m, seconds) with a checkpoint; --resume goes on as long again")
+    optimization.add_argument("--clip-norm", type=float, metavar="NORM", help="scale each update's gradients down to this global norm where larger")
     optimization.add_argument("--checkpoint-every", type=int, help=f"steps between checkpoints (default {defaults.checkpoint_every})")
-    optimization.add_argument("--average", type=int, help=f"last checkpoints averaged into the final model (default {defaults.average})")
+    optimization.add_argument("--average", type=int, help="last checkpoints averaged into the final model (default 5; not with --best-metric)")
     optimization.add_argument("--keep-checkpoints", type=int, help="checkpoints kept on disk, at least --average (default: --average's)")
-    optimization.add_argument("--valid-bleu-sentences", type=int, help=f"validation sentences translated at each checkpoint (default {defaults.valid_bleu_sentences})")
+    validation = parser.add_argument_group("validation and the choice of the model")
+    validation.add_argument("--valid-bleu-sentences", type=int, help=f"validation sentences translated for BLEU and chrF at each checkpoint (default {defaults.valid_bleu_sentences})")
+    validation.add_argument("--valid-metrics", nargs="+", choices=list(VALID_METRICS), help=f"what each validation scores (default {' '.join(defaults.valid_metrics)})")
+    validation.add_argument("--valid-beam-size", type=int, help="beam of the validation's translations (default: --beam-size)")
+    validation.add_argument("--valid-alpha", type=float, help="length penalty of the validation's translations (default: --alpha)")
+    validation.add_argument("--best-metric", choices=list(VALID_METRICS), help="save the best checkpoint by this validation metric as the translator (lower loss and perplexity, higher BLEU and chrF are better)")
+    validation.add_argument("--keep-best", type=int, metavar="K", help="best checkpoints kept in checkpoints/best/ (default: --average-best, or 1)")
+    validation.add_argument("--average-best", type=int, metavar="K", help="average the K best checkpoints into the translator (default 1)")
+    validation.add_argument("--patience", type=int, metavar="P", help="stop after P validations without a better --best-metric")
+    validation.add_argument("--tensorboard", metavar="DIR", help="TensorBoard's event files (default: MODEL_DIR/logs)")
     optimization.add_argument("--jit-compile", choices=["auto", "true", "false"], help="XLA for the train step (default auto)")
     optimization.add_argument("--seed", type=int, help="seed of weights, dropout and data order (default 0)")
     optimization.add_argument("--log-every", type=int, help=f"a progress line every N steps (default {defaults.log_every})")

@@ -15,6 +15,10 @@ from keras_transformer.files import write_atomically
 from keras_transformer.models.presets import PRESETS
 from keras_transformer.models.config import POSITION_TABLES
 from keras_transformer.models.config import ModelConfig
+from keras_transformer.training.limits import parse_duration
+from keras_transformer.training.validation import DEFAULT_VALID_METRICS
+from keras_transformer.training.validation import SCORERS
+from keras_transformer.training.validation import VALID_METRICS
 
 CONFIG_FILE = "train_config.json"
 HISTORY_FILE = "history.jsonl"
@@ -80,15 +84,43 @@ class TrainingConfig:
             when translating.
         warmup_steps, learning_rate_scale: the schedule (section 5.3).
         label_smoothing: eps_ls (section 5.4).
-        train_steps: optimizer steps in all.
-        checkpoint_every: steps between checkpoints (and validations).
-        average: how many of the last checkpoints the final model averages.
+        train_steps: optimizer updates in all.
+        accumulate: batches per optimizer update: their gradients are
+            summed and normalized by the target tokens of all of them, as
+            one batch holding their sentences would be (fairseq's
+            `--update-freq`). Every count of steps is of updates.
+        checkpoint_every: updates between checkpoints (and validations).
+        average: how many of the last checkpoints the final model averages
+            (None: 5, or with `best_metric` the best ones instead).
         keep_checkpoints: how many of the last checkpoints stay on disk (None:
             `average`); at least `average`.
         valid_pairs: validate on the first this many pairs only (None:
             all of them).
-        valid_bleu_sentences: validation sentences translated for BLEU at
-            each checkpoint (0 turns it off; None takes them all).
+        valid_bleu_sentences: validation sentences translated for BLEU and
+            chrF at each checkpoint (0 turns it off; None takes them all).
+        valid_metrics: what each validation scores, some of `loss`,
+            `perplexity`, `bleu` and `chrf`.
+        valid_beam_size, valid_alpha: the search of the validation's
+            translations (None: the saved translator's, `beam_size` and
+            `alpha`).
+        best_metric: choose the translator by this validation metric (lower
+            is better for loss and perplexity, higher for BLEU and chrF):
+            the best checkpoint, or the average of the `average_best` best,
+            instead of the average of the last ones.
+        keep_best: how many of the best checkpoints stay in
+            `checkpoints/best/` (None: `average_best`, or 1).
+        average_best: average this many of the best checkpoints (None: 1).
+        patience: stop after this many validations without a better
+            `best_metric` (None: train to `train_steps`).
+        tensorboard: where TensorBoard's event files go (None:
+            `model_dir/logs`).
+        max_epochs: stop after this many passes over the training pairs,
+            if that comes before `train_steps`.
+        max_time: stop after this long in one invocation (`90m`, `2h30m`,
+            seconds), at an update's end, with a checkpoint; `--resume`
+            goes on for as long again.
+        clip_norm: scale each update's gradients down to this global norm
+            where it is larger (Keras's `global_clipnorm`).
         beam_size, alpha, max_extra_length: the saved translator's search.
         jit_compile: `"auto"`, True or False: XLA for the train step.
         seed: the seed of the weights, the dropout and the data order.
@@ -118,11 +150,23 @@ class TrainingConfig:
     learning_rate_scale: float = 1.0
     label_smoothing: float = 0.1
     train_steps: int = 10000
+    accumulate: int = 1
     checkpoint_every: int = 1000
-    average: int = 5
+    average: int = None
     keep_checkpoints: int = None
     valid_pairs: int = None
     valid_bleu_sentences: int = 500
+    valid_metrics: list = dataclasses.field(default_factory=lambda: list(DEFAULT_VALID_METRICS))
+    valid_beam_size: int = None
+    valid_alpha: float = None
+    best_metric: str = None
+    keep_best: int = None
+    average_best: int = None
+    patience: int = None
+    tensorboard: str = None
+    max_epochs: int = None
+    max_time: object = None
+    clip_norm: float = None
     beam_size: int = 4
     alpha: float = 0.6
     max_extra_length: int = 50
@@ -138,7 +182,11 @@ class TrainingConfig:
             if not isinstance(value, (list, tuple)) or not all(isinstance(p, path) for p in value):
                 raise TypeError(f"`{name}` must be a file path or a list of file paths; received {value!r}.")
             setattr(self, name, [os.fspath(p) for p in value])
-        for name in ("model_dir", "vocabulary", "train_data", "init_from"):
+        if isinstance(self.valid_metrics, str):
+            self.valid_metrics = [self.valid_metrics]
+        if isinstance(self.valid_metrics, (list, tuple)):
+            self.valid_metrics = list(self.valid_metrics)
+        for name in ("model_dir", "vocabulary", "train_data", "init_from", "tensorboard"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, path) or (name == "model_dir" and value is None):
                 raise TypeError(f"`{name}` must be a folder's path; received {value!r}.")
@@ -185,9 +233,26 @@ class TrainingConfig:
                     f"{name} must be a number in {left}{low}, {high}{right}; received {value!r}"
                 )
 
-        for name in ("tokens_per_batch", "train_steps", "checkpoint_every", "average",
+        for name in ("tokens_per_batch", "train_steps", "accumulate", "checkpoint_every",
                      "beam_size", "max_extra_length", "warmup_steps", "log_every"):
             whole(name)
+        for name in ("average", "valid_beam_size", "keep_best", "average_best"):
+            if getattr(self, name) is not None:
+                whole(name)
+        if self.patience is not None:
+            whole("patience", 0)
+        if self.valid_alpha is not None:
+            number("valid_alpha", 0, math.inf, self.valid_alpha)
+        if self.max_epochs is not None:
+            whole("max_epochs")
+        if self.clip_norm is not None:
+            number("clip_norm", 0, math.inf, self.clip_norm, low_open=True)
+        if self.max_time is not None:
+            try:
+                parse_duration(self.max_time)
+            except ValueError as error:
+                problems.append(f"max_time: {error}")
+        problems += self._selection_problems()
         whole("max_tokens", 2)
         whole("vocabulary_size", 300 if self.vocabulary is None else 1)
         whole("seed", 0)
@@ -197,9 +262,10 @@ class TrainingConfig:
             whole("valid_pairs")
         if self.keep_checkpoints is not None:
             whole("keep_checkpoints")
-            if isinstance(self.keep_checkpoints, int) and isinstance(self.average, int) and self.keep_checkpoints < self.average:
+            last = self.last_averaged()
+            if isinstance(self.keep_checkpoints, int) and isinstance(last, int) and self.keep_checkpoints < last:
                 problems.append(
-                    f"keep_checkpoints ({self.keep_checkpoints}) must be at least average ({self.average}), "
+                    f"keep_checkpoints ({self.keep_checkpoints}) must be at least average ({last}), "
                     "the checkpoints the final model averages"
                 )
         if self.buckets is not None:
@@ -237,6 +303,45 @@ class TrainingConfig:
                 f"({self.max_tokens}), so that every training pair has a position for each token"
             )
         return problems
+
+    def _selection_problems(self):
+        """What is wrong with the validation and the choice of the model."""
+        problems = []
+        metrics = self.valid_metrics
+        if not isinstance(metrics, list) or not metrics or not all(m in VALID_METRICS for m in metrics):
+            problems.append(f"valid_metrics must name some of {list(VALID_METRICS)}; received {metrics!r}")
+        elif len(set(metrics)) != len(metrics):
+            problems.append(f"valid_metrics names a metric twice; received {metrics!r}")
+        chosen = self.best_metric is not None
+        if chosen and self.best_metric not in VALID_METRICS:
+            problems.append(f"best_metric must be one of {list(VALID_METRICS)}; received {self.best_metric!r}")
+        elif chosen and isinstance(metrics, list) and self.best_metric not in metrics:
+            problems.append(f"best_metric {self.best_metric!r} must be one of valid_metrics {metrics}")
+        elif chosen and self.best_metric in SCORERS and self.valid_bleu_sentences == 0:
+            problems.append(f"best_metric {self.best_metric!r} scores translations, which valid_bleu_sentences 0 turns off")
+        if chosen and self.average is not None:
+            problems.append(
+                f"average ({self.average}) averages the last checkpoints, and best_metric chooses the best; "
+                "give one of them (average_best N averages the N best)"
+            )
+        for name in ("keep_best", "average_best", "patience"):
+            if not chosen and getattr(self, name) is not None:
+                problems.append(f"{name} needs best_metric, the validation metric that says which is best")
+        keep, average = self.keep_best, self.average_best
+        if all(isinstance(n, int) for n in (keep, average)) and average > keep:
+            problems.append(f"average_best ({average}) must be at most keep_best ({keep}), the best checkpoints kept")
+        return problems
+
+    def last_averaged(self):
+        """How many of the last checkpoints the translator averages (None:
+        it is chosen by `best_metric` instead)."""
+        if self.average is not None:
+            return self.average
+        return None if self.best_metric is not None else 5
+
+    def best_kept(self):
+        """How many of the best checkpoints stay in `checkpoints/best/`."""
+        return self.keep_best or self.average_best or 1
 
     def _check_files(self):
         if self.train_data is not None:

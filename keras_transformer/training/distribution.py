@@ -138,6 +138,22 @@ class Distribution:
         return f"Distribution({self.backend}, {kind}, replicas={self.num_replicas}{processes})"
 
 
+def training_devices():
+    """How many devices a `Distribution()` trains on here, before one is
+    made: every accelerator (JAX's devices of all its processes;
+    TensorFlow's GPUs, or 1; torch's 1)."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        return jax.device_count()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return max(1, len(tf.config.list_logical_devices("GPU"))) * max(1, tensorflow_workers())
+    return 1
+
+
 @contextlib.contextmanager
 def local_reads():
     """Keras's distribution unset while inside, so that a checkpoint read

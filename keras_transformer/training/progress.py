@@ -1,4 +1,5 @@
-"""What a long run shows while it trains: log lines and validation BLEU."""
+"""What a long run shows while it trains: log lines, the training curve,
+and the validation history's reader."""
 
 import csv
 import json
@@ -7,7 +8,6 @@ import threading
 import time
 
 import keras
-import sacrebleu.metrics
 
 from keras_transformer.files import write_atomically
 from keras_transformer.training.step_hooks import StepHook
@@ -32,8 +32,9 @@ def current_learning_rate(optimizer, step):
     """
     optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # loss scaling
     rate = optimizer.get_config()["learning_rate"]
-    if isinstance(rate, dict):  # a serialized schedule
-        rate = keras.optimizers.schedules.deserialize(rate)(step)
+    if isinstance(rate, dict):  # a serialized schedule, which counts batches
+        batches = step * (getattr(optimizer, "gradient_accumulation_steps", None) or 1)
+        rate = keras.optimizers.schedules.deserialize(rate)(batches)
     return float(keras.ops.convert_to_numpy(rate))
 
 
@@ -61,14 +62,16 @@ class ProgressLog(StepHook):
         every: a line every this many steps.
         log: where lines go, such as `print`.
         curve_path: the CSV file of the training curve, or None.
+        board: a `Board` that takes each line's numbers too, or None.
     """
 
-    def __init__(self, train_steps, every=100, log=print, curve_path=None):
+    def __init__(self, train_steps, every=100, log=print, curve_path=None, board=None):
         super().__init__()
         self.train_steps = train_steps
         self.every = every
         self.log = log
         self.curve_path = curve_path
+        self.board = board
         self._turns = threading.Condition()
 
     def on_train_begin(self, logs=None):
@@ -95,7 +98,8 @@ class ProgressLog(StepHook):
             # waits for those before it, so lines come in order (the timeout:
             # a hook that never comes, after another callback raised).
             self._turns.wait_for(lambda: self._calls_done >= turn, timeout=10)
-            if step > self._last_step and (step % self.every == 0 or step == self.train_steps):
+            due = step % self.every == 0 or step == self.train_steps
+            if step > self._last_step and due and self.ends_update(batch):
                 self._line(step, logs or {})
             self._calls_done = max(self._calls_done, turn + 1)
             self._turns.notify_all()
@@ -111,6 +115,7 @@ class ProgressLog(StepHook):
         parts = [f"step {step}/{self.train_steps}", f"{steps_per_second:.2f} steps/s"]
         if "target_tokens" in logs:
             parts.append(f"{tokens_per_second:,.0f} tok/s")
+            parts.append(f"{(tokens - self._last_tokens) / max(step - self._last_step, 1):,.0f} tok/update")
         parts += [f"loss {loss:.3f}", f"lr {rate:.1e}"]
         if steps_per_second > 0 and step < self.train_steps:
             parts.append(f"ETA {format_duration((self.train_steps - step) / steps_per_second)}")
@@ -119,6 +124,11 @@ class ProgressLog(StepHook):
             with open(self.curve_path, "a") as curve:
                 row = (step, loss, rate, steps_per_second, tokens_per_second)
                 curve.write(",".join(repr(value) for value in row) + "\n")
+        if self.board is not None:
+            self.board.scalars(step, {
+                "train/loss": loss, "train/learning_rate": rate, "train/steps_per_second": steps_per_second,
+                **({"train/tokens_per_second": tokens_per_second} if "target_tokens" in logs else {}),
+            })
         self._last_time, self._last_step, self._last_tokens = now, step, tokens
 
 
@@ -140,87 +150,8 @@ def read_curve(path):
     return rows
 
 
-class ValidationBLEU(keras.callbacks.Callback):
-    """BLEU of greedy translations of validation sentences, per checkpoint.
-
-    At the end of every epoch (one checkpoint interval in
-    `keras_transformer.training.fit`), translates `sources` greedily with the
-    model being trained, scores them against `references` with sacreBLEU,
-    adds `val_bleu` to the epoch's logs (so the TensorBoard callback, which
-    comes after it, records it), and writes a JSON line with the step, the
-    wall-clock time, the losses and the BLEU to `history_path`.
-
-    Args:
-        translator: a `Translator` of the model being trained (greedy is
-            cheapest); it is reused, so its search is compiled once. When
-            `fit` resumes from a checkpoint, it is rebuilt around the
-            restored model.
-        sources: validation source sentences.
-        references: their reference translations.
-        history_path: the JSON-lines file of the training curve, or None.
-        log: where a line per checkpoint goes.
-    """
-
-    def __init__(self, translator, sources, references, history_path=None, log=print):
-        super().__init__()
-        self.translator = translator
-        self.sources = list(sources)
-        self.references = list(references)
-        self.history_path = history_path
-        self.log = log
-
-    def on_train_begin(self, logs=None):
-        self._start = time.time()
-        self._elapsed_before = 0.0
-        if self.history_path and os.path.isfile(self.history_path):
-            # A resumed run continues the clock of the run it resumes.
-            records = read_history(self.history_path)
-            if records:
-                self._elapsed_before = records[-1]["train_seconds"]
-
-    def on_epoch_end(self, epoch, logs=None):
-        logs = logs if logs is not None else {}
-        step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
-        train_seconds = self._elapsed_before + time.time() - self._start
-        record = {"step": step, "train_seconds": round(train_seconds, 1)}
-        for key in ("loss", "val_loss", "val_perplexity", "val_masked_token_accuracy"):
-            if key in logs:
-                record[key] = float(logs[key])
-        if self.sources:
-            if self.translator.model is not self.model:
-                # `fit` resumed from a checkpoint, which is a new model
-                # object: translate with the model being trained, not with
-                # the one the translator was given before the restore.
-                self.translator = type(self.translator)(
-                    self.model, self.translator.tokenizer, **self.translator.get_config()
-                )
-            start = time.time()
-            hypotheses = self.translator.translate(self.sources)
-            bleu = sacrebleu.metrics.BLEU().corpus_score(hypotheses, [self.references])
-            logs["val_bleu"] = bleu.score
-            record["val_bleu"] = round(bleu.score, 2)
-            record["bleu_seconds"] = round(time.time() - start, 1)
-        # The next interval's clock leaves the validation time out.
-        self._start += record.get("bleu_seconds", 0.0)
-        if self.history_path:
-            # Rewritten whole, atomically, and before the step's checkpoint
-            # (`fit` writes that last): an interval a kill made the run redo
-            # replaces its record.
-            earlier = read_history(self.history_path) if os.path.isfile(self.history_path) else []
-            lines = [json.dumps(r) + "\n" for r in earlier if r["step"] < step]
-            write_atomically(self.history_path, "".join(lines) + json.dumps(record) + "\n")
-        shown = [f"checkpoint at step {step}"]
-        if "val_loss" in record:
-            shown.append(f"valid loss {record['val_loss']:.3f}")
-        if "val_perplexity" in record:
-            shown.append(f"perplexity {record['val_perplexity']:.2f}")
-        if "val_bleu" in record:
-            shown.append(f"greedy BLEU {record['val_bleu']:.2f} on {len(self.sources)} sentences")
-        self.log(" | ".join(shown))
-
-
 def read_history(path):
-    """The records `ValidationBLEU` wrote, the newest per step, by step."""
+    """The records `Validation` wrote, the newest per step, by step."""
     records = {}
     with open(path) as file:
         for line in file:

@@ -17,6 +17,7 @@ that file alone (`TrainingConfig.load`). Everything that can be checked
 read or any step is trained.
 """
 
+import json
 import os
 import time
 
@@ -52,8 +53,17 @@ from keras_transformer.training.distribution import Distribution
 from keras_transformer.training.distribution import local_reads
 from keras_transformer.training.model_directory import hold_directory
 from keras_transformer.training.progress import ProgressLog
-from keras_transformer.training.progress import ValidationBLEU
 from keras_transformer.training.progress import format_duration
+from keras_transformer.training.progress import read_history
+from keras_transformer.files import write_atomically
+from keras_transformer.training.board import Board
+from keras_transformer.training.limits import StopAfter
+from keras_transformer.training.limits import parse_duration
+from keras_transformer.training.limits import steps_in_epochs
+from keras_transformer.training.selection import BestCheckpoints
+from keras_transformer.training.selection import best_checkpoints
+from keras_transformer.training.selection import standing
+from keras_transformer.training.validation import Validation
 from keras_transformer.training.trainer import compile_model
 from keras_transformer.training.trainer import fit
 from keras_transformer.training.trainer import steps_per_execution
@@ -66,6 +76,11 @@ from keras_transformer.training.config import TrainingConfig
 
 VALID_BUCKETS = 2
 
+# What a resumed run may set anew: how long it trains, how patient it is
+# (each resume counts from the run's history), where its logs go, and the
+# folder itself, however it is spelled or wherever it was moved.
+RESUME_MAY_CHANGE = ("train_steps", "max_epochs", "max_time", "patience", "tensorboard", "model_dir")
+
 # A checkpoint newer than every process's: kept aside, out of the resume's way.
 AHEAD_PREFIX = ".ahead-"
 
@@ -75,9 +90,8 @@ def prepare_model_dir(config, resume=False, write=True):
 
     A directory holding another run's checkpoints is refused unless
     `resume` is set; with `resume`, its saved configuration must equal this
-    one, except `train_steps`, which may grow to train longer, and
-    `model_dir`: the run is the folder, however it is spelled or wherever it
-    was moved.
+    one, except `RESUME_MAY_CHANGE`: `train_steps` may grow to train
+    longer.
 
     Returns:
         `(step, path)` of the checkpoint a resumed run continues from, the
@@ -96,7 +110,7 @@ def prepare_model_dir(config, resume=False, write=True):
             differences = [
                 f"{key}: {saved.get(key)!r} in the run, {requested.get(key)!r} now"
                 for key in sorted(requested)
-                if key not in ("train_steps", "model_dir") and saved.get(key) != requested.get(key)
+                if key not in RESUME_MAY_CHANGE and saved.get(key) != requested.get(key)
             ]
             if differences:
                 raise ValueError(
@@ -185,11 +199,17 @@ def _train(config, resume, log, verbose, distribution, turns):
         train, config.tokens_per_batch, max_length=config.max_tokens,
         bucket_step=config.bucket_step, buckets=config.buckets, repeat=True, seed=config.seed,
         batch_multiple=distribution.num_replicas,
-        shard=distribution.data_shard,
+        shard=distribution.data_shard, accumulate=config.accumulate,
     )
     lengths = train_data.lengths
     how = f"bucket_step {config.bucket_step}" if config.buckets is None else f"fitted, buckets {config.buckets}"
     log(f"batches: {len(lengths)} length{'s' * (len(lengths) > 1)} from {lengths[0]} to {lengths[-1]} tokens ({how})")
+    train_steps = config.train_steps
+    if config.max_epochs is not None:
+        in_epochs = steps_in_epochs(config.max_epochs, train_data.batches_per_epoch, config.accumulate)
+        if in_epochs < train_steps:
+            train_steps = in_epochs
+            log(f"--max-epochs {config.max_epochs}: {train_steps} steps of {train_data.batches_per_epoch} batches an epoch")
     valid_data = validation_batches(config, valid, tokenizer)
     with distribution.scope():
         if config.init_from is not None:
@@ -205,7 +225,9 @@ def _train(config, resume, log, verbose, distribution, turns):
         compile_model(
             model, warmup_steps=config.warmup_steps, label_smoothing=config.label_smoothing,
             learning_rate_scale=config.learning_rate_scale, jit_compile=config.jit_compile,
-            steps_per_execution=_steps_per_execution(config, reached), count_tokens=True,
+            steps_per_execution=_steps_per_execution(config, train_steps, reached), count_tokens=True,
+            accumulate=config.accumulate,
+            **({} if config.clip_norm is None else {"global_clipnorm": config.clip_norm}),
         )
     log(
         f"model: {model.count_params():,} parameters ("
@@ -217,33 +239,47 @@ def _train(config, resume, log, verbose, distribution, turns):
         before = model.evaluate(valid_data, verbose=0, return_dict=True)
         log(f"valid loss before fine-tuning: {before['loss']:.3f}")
 
-    bleu_sources = valid.sources[: config.valid_bleu_sentences]
-    bleu_references = valid.targets[: config.valid_bleu_sentences]
+    checkpoint_dir = os.path.join(config.model_dir, "checkpoints")
+    history_path = os.path.join(config.model_dir, HISTORY_FILE)
+    board = Board(config.tensorboard or os.path.join(config.model_dir, "logs"), resumed_at=reached) if turns.writes else None
     callbacks = [
         ProgressLog(
-            config.train_steps, every=config.log_every, log=log,
-            curve_path=os.path.join(config.model_dir, CURVE_FILE) if turns.writes else None,
-        )
+            train_steps, every=config.log_every, log=log,
+            curve_path=os.path.join(config.model_dir, CURVE_FILE) if turns.writes else None, board=board,
+        ),
+        Validation(
+            _validation_translator(config, model, tokenizer),
+            valid.sources[: config.valid_bleu_sentences], valid.targets[: config.valid_bleu_sentences],
+            metrics=config.valid_metrics, history_path=history_path if turns.writes else None, log=log, board=board,
+        ),
     ]
-    greedy = Translator(
-        model, tokenizer, beam_size=1, max_source_length=config.max_tokens,
-        max_extra_length=config.max_extra_length,
-    )
-    callbacks.append(
-        ValidationBLEU(
-            greedy, bleu_sources, bleu_references,
-            history_path=os.path.join(config.model_dir, HISTORY_FILE) if turns.writes else None, log=log,
+    if config.max_time is not None:
+        agree = distribution.least if distribution.processes > 1 else None
+        callbacks.append(StopAfter(parse_duration(config.max_time), log=log, agree=agree, every=config.log_every))
+    selection = None
+    if config.best_metric is not None:
+        selection = BestCheckpoints(
+            checkpoint_dir, history_path, config.best_metric, keep=config.best_kept(),
+            patience=config.patience, log=log, write=turns.writes,
+            agree=distribution.least if distribution.processes > 1 else None,
         )
-    )
-    model = fit(
-        model, train_data, config.model_dir, config.train_steps,
-        checkpoint_every=config.checkpoint_every, keep_checkpoints=config.keep_checkpoints or config.average,
-        validation_data=valid_data, callbacks=callbacks, verbose=verbose, write=turns.writes,
-    )
+    if selection is not None and reached and selection.exhausted(standing(history_path, config.best_metric, reached)):
+        log(f"the run stopped early at step {reached} (patience {config.patience}); nothing left to train")
+    else:
+        try:
+            model = fit(
+                model, train_data, config.model_dir, train_steps,
+                checkpoint_every=config.checkpoint_every,
+                keep_checkpoints=config.keep_checkpoints or config.last_averaged() or 1,
+                validation_data=valid_data, callbacks=callbacks, verbose=verbose, write=turns.writes,
+                board=board, selection=selection,
+            )
+        finally:
+            if board is not None:
+                board.close()
     turns.after_writer()  # its last checkpoint is written
 
-    checkpoints = list_checkpoints(os.path.join(config.model_dir, "checkpoints"))
-    kept = checkpoints[-config.average :]
+    kept, how = _final_checkpoints(config, checkpoint_dir, history_path)
     final = average_checkpoints(kept)
     translator = Translator(
         final, tokenizer, beam_size=config.beam_size, alpha=config.alpha,
@@ -253,12 +289,58 @@ def _train(config, resume, log, verbose, distribution, turns):
     if turns.writes:
         with local_reads():  # as checkpoints are saved (`SaveCheckpoints`)
             translator.save(config.model_dir)
+    if turns.writes:
+        _record_translator(history_path, how, kept)
     log(
-        ("saved" if turns.writes else "the first process saved") + f" the translator (the average of {len(kept)} checkpoint{'s' * (len(kept) > 1)}: "
+        ("saved" if turns.writes else "the first process saved") + f" the translator ({how}: "
         + ", ".join(os.path.basename(path) for path in kept)
         + f") in {config.model_dir} after {format_duration(time.time() - started)}"
     )
     return translator
+
+
+def _validation_translator(config, model, tokenizer):
+    """The translator of the model being trained that validation
+    translates with: the saved translator's search unless told another."""
+    return Translator(
+        model, tokenizer, beam_size=config.valid_beam_size or config.beam_size,
+        alpha=config.alpha if config.valid_alpha is None else config.valid_alpha,
+        max_source_length=config.max_tokens, max_extra_length=config.max_extra_length,
+        length_penalty=_length_penalty(config),
+    )
+
+
+def _final_checkpoints(config, checkpoint_dir, history_path):
+    """The checkpoints the translator averages, and how they were chosen:
+    the last `average`, or the best by `best_metric`."""
+    if config.best_metric is None:
+        last = config.last_averaged()
+        kept = list_checkpoints(checkpoint_dir)[-last:]
+        return kept, f"the average of the last {len(kept)} checkpoint{'s' * (len(kept) > 1)}"
+    with local_reads():
+        ranked = standing(history_path, config.best_metric).ranked()
+    best = {checkpoint_step(path): path for path in best_checkpoints(checkpoint_dir)}
+    kept = [best[step] for step in ranked if step in best][: config.average_best or 1]
+    if not kept:
+        raise ValueError(
+            f"No best checkpoint by {config.best_metric} in {os.path.join(checkpoint_dir, 'best')}: "
+            f"the run validated no {config.best_metric} ({history_path}) before its end."
+        )
+    scores = standing(history_path, config.best_metric)
+    what = ", ".join(scores.describe(checkpoint_step(path)) for path in kept)
+    if len(kept) == 1:
+        return kept, f"the best checkpoint by valid {config.best_metric}, {what}"
+    return kept, f"the average of the {len(kept)} best checkpoints by valid {config.best_metric}: {what}"
+
+
+def _record_translator(history_path, how, kept):
+    """Says in the history which checkpoints the saved translator holds:
+    a `translator` entry in the last record."""
+    records = read_history(history_path) if os.path.isfile(history_path) else []
+    if not records:
+        return
+    records[-1]["translator"] = {"chosen": how, "checkpoints": [os.path.basename(p) for p in kept]}
+    write_atomically(history_path, "".join(json.dumps(r) + "\n" for r in records))
 
 
 def _common_checkpoint(distribution, model_dir, reached, path, log):
@@ -301,14 +383,16 @@ def validation_batches(config, valid, tokenizer):
     )
 
 
-def _steps_per_execution(config, reached):
+def _steps_per_execution(config, train_steps, reached):
     """Under JAX, up to 8 steps a call of the train function: between calls
     Keras reads the logs and JAX waits for the GPU, which then idles. On an
     H200 the base model's step took 41 ms instead of 56 (Multi30k lengths,
     25,000 tokens). Elsewhere 1 step: the others were not measured so."""
     if keras.backend.backend() != "jax":
         return 1
-    return steps_per_execution(config.train_steps, config.checkpoint_every, config.log_every, reached)
+    # In batches; a call ends within an update (progress lines at its end).
+    counts = (train_steps, config.checkpoint_every, config.log_every, reached, 1)
+    return steps_per_execution(*(config.accumulate * count for count in counts))
 
 
 def _length_penalty(config):

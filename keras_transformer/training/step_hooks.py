@@ -19,10 +19,18 @@ class StepHook(keras.callbacks.Callback):
     async_safe = True
 
     def on_epoch_begin(self, epoch, logs=None):
+        from keras_transformer.training.trainer import batches_per_update
+
         self.trained = self.model
         self._epoch_start = int(keras.ops.convert_to_numpy(self.trained.optimizer.iterations))
+        self._per_update = batches_per_update(self.trained)
 
     def step(self, batch):
-        """The step whose end the hook of `batch` marks (the epoch's last
-        step done: a call covers several with `steps_per_execution`)."""
-        return self._epoch_start + batch + 1
+        """The optimizer steps (updates) done when the hook of `batch` runs
+        (the epoch's last batch done: a call covers several with
+        `steps_per_execution`, an update several with accumulation)."""
+        return self._epoch_start + (batch + 1) // self._per_update
+
+    def ends_update(self, batch):
+        """Whether the hook of `batch` comes where an update ends."""
+        return (batch + 1) % self._per_update == 0

@@ -8,13 +8,14 @@ import keras
 import numpy as np
 
 from keras_transformer.checks import check_count
-from keras_transformer.environment import tensorflow_beside_backend
 from keras_transformer.files import cache_directory
 from keras_transformer.losses import LabelSmoothedCrossEntropy
 from keras_transformer.metrics import MaskedTokenAccuracy
 from keras_transformer.metrics import Perplexity
 from keras_transformer.metrics import TargetTokens
 from keras_transformer.optimizers import transformer_adam
+from keras_transformer.training.board import Board
+from keras_transformer.training.board import WriteBoard
 from keras_transformer.training.checkpoints import SaveCheckpoints
 from keras_transformer.training.checkpoints import check_writable
 from keras_transformer.training.checkpoints import restore_latest
@@ -29,6 +30,7 @@ def compile_model(
     learning_rate_scale=1.0,
     steps_per_execution=1,
     count_tokens=False,
+    accumulate=1,
     **optimizer_kwargs,
 ):
     """Compiles `model` with the paper's training setup (sections 5.3, 5.4).
@@ -52,6 +54,11 @@ def compile_model(
         steps_per_execution: Keras's: steps run per call of the train
             function, their logs and callbacks seen once per call. Above 1,
             JAX queues the next steps while the GPU runs one. 1 under torch.
+        accumulate: batches per optimizer update. The batches must weigh
+            each loss by its share of the update's target tokens
+            (`TokenBatches(..., accumulate=N)` does), so that the update
+            is that of one batch holding their sentences: Keras's
+            accumulation averages the batches' gradients.
         count_tokens: also the `target_tokens` metric, the non-padding
             target tokens of the epoch so far, from which `ProgressLog`
             gives tokens/s (`train` counts them). Bookkeeping, not a
@@ -67,8 +74,9 @@ def compile_model(
             "Keras's torch backend runs one step per call of the train function. "
             f"Received: steps_per_execution={steps_per_execution}"
         )
+    accumulate = check_count("accumulate", accumulate)
     optimizer = transformer_adam(
-        model.d_model, warmup_steps, learning_rate_scale, **optimizer_kwargs
+        model.d_model, warmup_steps, learning_rate_scale, accumulate=accumulate, **optimizer_kwargs
     )
     if model.dtype_policy.name == "mixed_float16":
         # float16 gradients underflow without loss scaling.
@@ -156,11 +164,19 @@ class StopAtStep(keras.callbacks.Callback):
         self._epoch_start = self._step
 
     def on_train_batch_end(self, batch, logs=None):
-        # `batch`: the epoch's last step done (several a call with
-        # `steps_per_execution`).
-        self._step = self._epoch_start + batch + 1
+        # `batch`: the epoch's last batch done (several a call with
+        # `steps_per_execution`, several an update with accumulation).
+        self._step = self._epoch_start + (batch + 1) // batches_per_update(self.model)
         if self._step >= self.train_steps:
             self.model.stop_training = True
+
+
+def batches_per_update(model):
+    """The batches of each optimizer update of a compiled model: its
+    optimizer's `gradient_accumulation_steps`, or 1."""
+    optimizer = getattr(model, "optimizer", None)
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # loss scaling
+    return getattr(optimizer, "gradient_accumulation_steps", None) or 1
 
 
 def steps_per_execution(*counts, most=8):
@@ -211,8 +227,12 @@ def fit(
     callbacks=(),
     verbose="auto",
     write=True,
+    board=None,
+    selection=None,
 ):
-    """Trains for `train_steps` steps, resuming from `model_dir` if it can.
+    """Trains for `train_steps` steps (optimizer updates, each of
+    `compile_model`'s `accumulate` batches), resuming from `model_dir` if
+    it can.
 
     Every `checkpoint_every` steps the model and its optimizer state are
     written to `model_dir/checkpoints/`, and the validation loss is computed.
@@ -229,8 +249,7 @@ def fit(
             `Distribution` scope when training on several devices.
         dataset: endless batches: `TokenBatches`, such as
             `make_dataset(..., repeat=True, seed=0)`, or a `tf.data.Dataset`.
-        model_dir: where checkpoints and TensorBoard logs (where TensorFlow is
-            installed) go.
+        model_dir: where checkpoints and TensorBoard logs (`logs/`) go.
         train_steps: the total number of optimizer steps.
         checkpoint_every: the checkpoint (and validation) interval, in steps.
         keep_checkpoints: how many checkpoints to keep, for averaging.
@@ -246,6 +265,11 @@ def fit(
         verbose: the Keras progress-bar setting.
         write: False where another process of the run writes `model_dir`
             (the same weights: this one reads its checkpoints only).
+        board: the `Board` the intervals' logs go to; None: one that `fit`
+            opens in `model_dir/logs` (where it writes) and closes.
+        selection: a callback that runs after each checkpoint is written,
+            such as `BestCheckpoints`; training ends early where it (or
+            any callback) sets `model.stop_training`.
 
     Returns:
         The trained model: `model`, or the one restored from a checkpoint.
@@ -266,44 +290,54 @@ def fit(
     done = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
     if done >= train_steps:
         return model
-    per_call = getattr(model, "steps_per_execution", 1) or 1
-    if any(count % per_call for count in (train_steps, checkpoint_every, done)):
+    per_update = batches_per_update(model)
+    batched = getattr(dataset, "accumulate", per_update)
+    if batched != per_update:
         raise ValueError(
-            f"The model runs {per_call} steps per call of its train function (steps_per_execution), "
-            f"which must divide train_steps, checkpoint_every and the step a run resumes from, so that "
-            f"checkpoints fall where a call ends. Received: train_steps={train_steps}, "
-            f"checkpoint_every={checkpoint_every}, resumed at step {done}. Compile with "
-            f"steps_per_execution={steps_per_execution(train_steps, checkpoint_every, done, most=per_call)}."
+            f"The model's optimizer makes an update of {per_update} batches (compile_model's accumulate), "
+            f"and the batches are weighed for updates of {batched} (TokenBatches' accumulate); expected "
+            "the same number."
+        )
+    per_call = getattr(model, "steps_per_execution", 1) or 1
+    batches = [per_update * count for count in (train_steps, checkpoint_every, done)]
+    if any(count % per_call for count in batches):
+        raise ValueError(
+            f"The model runs {per_call} batches per call of its train function (steps_per_execution), "
+            f"which must divide the batches of train_steps, checkpoint_every and the step a run resumes "
+            f"from ({per_update} a step), so that checkpoints fall where a call ends. Received: "
+            f"train_steps={train_steps}, checkpoint_every={checkpoint_every}, resumed at step {done}. "
+            f"Compile with steps_per_execution={steps_per_execution(*batches, most=per_call)}."
         )
     # The checkpoint comes last at an interval's end: what the other
     # callbacks record for a step (the history) is on disk before the
     # checkpoint that a resume starts from, and a resume redoes it.
     # The loss check comes after the others' step hooks, which see the
     # step it stops at (Keras skips the rest of a step's hooks once one raises).
-    callbacks = [*callbacks, StopOnNonFiniteLoss()]
+    own_board = write and board is None
+    if own_board:
+        board = Board(os.path.join(model_dir, "logs"), resumed_at=done)
+    callbacks = [*callbacks, StopOnNonFiniteLoss()] + ([WriteBoard(board)] if board is not None else [])
     if write:
         callbacks.append(SaveCheckpoints(checkpoint_dir, keep=keep_checkpoints))
-    # Keras writes TensorBoard logs through TensorFlow, which is optional.
-    if write and tensorflow_beside_backend() is not None:
-        # Epoch logs only. Its step hook writes nothing without a per-step
-        # writer, but would make Keras read every step's logs back first;
-        # on Keras's threads it must not touch the model, as the graph it
-        # writes (of a `tf.function`: TensorFlow's steps only) does.
-        graph = keras.backend.backend() == "tensorflow"
-        board = keras.callbacks.TensorBoard(os.path.join(model_dir, "logs"), write_graph=graph)
-        board.async_safe = not graph
-        callbacks.append(board)
+    if selection is not None:
+        callbacks.append(selection)
     # An epoch is one checkpoint interval: Keras validates and the callbacks
     # write a checkpoint at its end.
-    for start, epoch, epochs, steps in _fits(done, train_steps, checkpoint_every):
-        model.fit(
-            _from_step(dataset, start),
-            initial_epoch=epoch,
-            epochs=epochs,
-            steps_per_epoch=steps,
-            validation_data=validation_data,
-            callbacks=callbacks,
-            verbose=verbose,
-            shuffle=False,  # the dataset shuffles itself
-        )
+    try:
+        for start, epoch, epochs, steps in _fits(done, train_steps, checkpoint_every):
+            model.fit(
+                _from_step(dataset, start * per_update),
+                initial_epoch=epoch,
+                epochs=epochs,
+                steps_per_epoch=steps * per_update,
+                validation_data=validation_data,
+                callbacks=callbacks,
+                verbose=verbose,
+                shuffle=False,  # the dataset shuffles itself
+            )
+            if model.stop_training:  # early stopping: no more intervals
+                break
+    finally:
+        if own_board:
+            board.close()
     return model
