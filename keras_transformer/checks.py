@@ -63,7 +63,7 @@ def assert_token_ids_in_range(ids, vocabulary_size, input_name="token_ids"):
     Works eagerly and inside compiled functions: a graph assertion under
     TensorFlow, a host callback under `jax.jit`, a plain check under torch.
     TensorFlow's XLA compiler (`jit_compile=True`) drops graph assertions, so
-    the check does not run there. Under JAX, `fit`, `evaluate` and `predict`
+    the check does not run there, nor inside `torch.compile`. Under JAX, `fit`, `evaluate` and `predict`
     check their data on the host instead where they can (see
     `check_ids_on_host`); an error raised inside a compiled step leaves that
     model's variables unusable in the process (Keras does not restore them),
@@ -108,7 +108,13 @@ def assert_token_ids_in_range(ids, vocabulary_size, input_name="token_ids"):
             check(ids)
         return ids
     if backend == "torch":
-        check(ids.detach().cpu().numpy())
+        import torch
+
+        # Inside `torch.compile` a read back to the host breaks the graph
+        # (one more frame to compile per call): the check does not run
+        # there, as under TensorFlow's XLA.
+        if not torch.compiler.is_compiling():
+            check(ids.detach().cpu().numpy())
         return ids
     check(keras.ops.convert_to_numpy(ids))
     return ids

@@ -111,6 +111,9 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
             )
         self.label_smoothing = label_smoothing
         self.padding_id = padding_id
+        # The written-out gradient's function, made here rather than where
+        # `torch.compile` would trace its making (a graph break per step).
+        cross_entropy.prepare()
 
     def call(self, y_true, y_pred):
         # Under JAX and torch with its gradient written out (backend/cross_entropy.py).

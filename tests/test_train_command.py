@@ -54,7 +54,7 @@ def train_arguments(files, model_dir, *extra):
 
 
 PROGRESS = re.compile(
-    r"^step (\d+)/(\d+) \| [\d.]+ steps/s \| [\d,]+ tok/s \| loss ([\d.]+) \| lr [\d.e+-]+", re.M
+    r"^step (\d+)/(\d+) \| [\d.]+ steps/s \| [\d,]+ tok/s \| [\d,]+ tok/update \| loss ([\d.]+) \| lr [\d.e+-]+", re.M
 )
 
 
@@ -67,7 +67,8 @@ def test_train_writes_a_translator_directory_the_other_commands_take(files, tmp_
     assert steps == [2, 4, 6, 7]
     assert "ETA" in result.stdout
     assert "batches: 9 lengths from 8 to 16 tokens (bucket_step 1.1)" in result.stdout
-    assert re.search(r"checkpoint at step 5 \| valid loss [\d.]+ \| perplexity [\d.]+ \| greedy BLEU [\d.]+ on 6 sentences", result.stdout)
+    # Validation translates with the saved translator's search (--beam-size 2).
+    assert re.search(r"checkpoint at step 5 \| valid loss [\d.]+ \| perplexity [\d.]+ \| BLEU [\d.]+ \| beam 2, alpha 0.6 on 6 sentences", result.stdout)
     # It stopped at exactly 7 steps, with a checkpoint there, and averaged the last two.
     kept = sorted(os.listdir(model_dir / "checkpoints"))
     assert kept == ["ckpt-00000005.keras", "ckpt-00000007.keras"]

@@ -101,8 +101,25 @@ def _jax_loss():
     return loss
 
 
-@functools.cache
+def prepare():
+    """Makes this backend's loss function now, outside any compiled step."""
+    if keras.backend.backend() == "torch":
+        _torch_loss()
+
+
+# torch's loss function, once made: `torch.compile` reads it as a global,
+# where it would trace the making of a class through `functools.cache`.
+_torch_function = None
+
+
 def _torch_loss():
+    global _torch_function
+    if _torch_function is None:
+        _torch_function = _make_torch_loss()
+    return _torch_function
+
+
+def _make_torch_loss():
     import torch
 
     class SmoothedCrossEntropy(torch.autograd.Function):
