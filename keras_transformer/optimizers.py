@@ -67,7 +67,22 @@ class Adam(keras.optimizers.Adam):
             # Keras's Adam makes its moments here (`build`): keep each
             # variable's for the fused update, out of Keras's tracking.
             self._fused = _FusedLists(trainable_variables, *made)
+        elif name == "average":  # Keras's moving averages of the weights (`use_ema`)
+            self._averages = _Untracked(made)
         return made
+
+    def moving_averages(self):
+        """The exponential moving averages of the trainable variables, in
+        their order (`use_ema`); None without them."""
+        held = getattr(self, "_averages", None)
+        return None if held is None else list(held.items)
+
+    def finalize_variable_values(self, var_list):
+        """Leaves the trained weights in place. Keras's `fit` calls this at
+        its end, where its optimizer puts the moving averages into the
+        weights (`use_ema`); a run of several `fit` calls must go on from
+        the trained weights, so the averages stay in `moving_averages()`."""
+        return
 
     def apply(self, grads, trainable_variables=None):
         lists = self._fusable(grads, trainable_variables)
@@ -95,6 +110,13 @@ class Adam(keras.optimizers.Adam):
         ):
             return None
         return self._fused.lists(variables)
+
+
+class _Untracked:
+    """Variables held out of Keras's tracking, which would count them twice."""
+
+    def __init__(self, items):
+        self.items = tuple(items)
 
 
 class _FusedLists:

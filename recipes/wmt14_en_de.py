@@ -52,8 +52,9 @@ def parse_args(argv=None, defaults=EN_DE, description=__doc__):
     parser.add_argument("--train-steps", type=int, default=100000)
     parser.add_argument("--tokens-per-update", type=int, default=PAPER_TOKENS_PER_UPDATE,
                         help="target tokens per optimizer update (section 5.1: about 25,000)")
-    parser.add_argument("--tokens-per-device", type=int, default=PAPER_TOKENS_PER_UPDATE // PAPER_GPUS,
-                        help="tokens per batch on each device, what its memory holds (the paper's 8 GPUs: 3,125 each)")
+    parser.add_argument("--tokens-per-device", type=int, default=PAPER_TOKENS_PER_UPDATE,
+                        help="the most tokens a batch puts on one device, what its memory holds (default 25,000, "
+                        "which an 80 GB GPU holds for the base model; the paper's 8 GPUs took 3,125 each)")
     parser.add_argument("--tokens-per-batch", type=int,
                         help="tokens per batch over all devices (default: --tokens-per-device times the devices)")
     parser.add_argument("--vocabulary-size", type=int, default=defaults["vocabulary_size"])
@@ -90,9 +91,10 @@ def parse_args(argv=None, defaults=EN_DE, description=__doc__):
 
 
 def batches_per_update(args, devices):
-    """`(tokens_per_batch, accumulate)`: a batch on every device, and as many
-    batches per update as make `--tokens-per-update` on this machine."""
-    tokens_per_batch = args.tokens_per_batch or args.tokens_per_device * devices
+    """`(tokens_per_batch, accumulate)`: a batch over every device, of at
+    most `--tokens-per-device` each and at most `--tokens-per-update` in
+    all, and as many batches per update as make `--tokens-per-update`."""
+    tokens_per_batch = args.tokens_per_batch or min(args.tokens_per_device * devices, args.tokens_per_update)
     return tokens_per_batch, max(1, round(args.tokens_per_update / tokens_per_batch))
 
 

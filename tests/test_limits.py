@@ -4,6 +4,7 @@ checkpoint, and resumable), and --clip-norm's plumbing."""
 import math
 
 import keras
+import numpy as np
 import pytest
 
 from keras_transformer import training
@@ -72,8 +73,33 @@ def test_max_time_stops_where_an_update_ends_with_a_checkpoint_and_a_resume_goes
     assert steps(tmp_path)[-1] == step + 3
 
 
-def test_clip_norm_is_the_optimizer_s_global_norm(corpus, tmp_path):
-    translator = training.train_translator(config(corpus, tmp_path, train_steps=2, checkpoint_every=2, clip_norm=0.5))
+def test_clip_norm_and_subword_alpha_reach_the_optimizer_and_the_batches(corpus, tmp_path):
+    lines = []
+    translator = training.train_translator(
+        config(corpus, tmp_path, train_steps=2, checkpoint_every=2, clip_norm=0.5, subword_alpha=0.1), log=lines.append
+    )
     checkpoint = keras.saving.load_model(list_checkpoints(tmp_path / "checkpoints")[-1])
     assert checkpoint.optimizer.global_clipnorm == 0.5
+    assert any(line.startswith("batches: ") and line.endswith("segmentations drawn at alpha 0.1)") for line in lines)
     assert translator is not None
+
+
+def test_ema_keeps_the_moving_average_and_saves_whichever_validates_better(corpus, tmp_path):
+    lines = []
+    translator = training.train_translator(
+        config(corpus, tmp_path, train_steps=6, checkpoint_every=3, average=1, ema=0.5), log=lines.append
+    )
+    newest = keras.saving.load_model(list_checkpoints(tmp_path / "checkpoints")[-1])
+    averages = [keras.ops.convert_to_numpy(a) for a in newest.optimizer.moving_averages()]
+    trained = [keras.ops.convert_to_numpy(v) for v in newest.trainable_variables]
+    # The checkpoint's weights stay the trained ones: the average is apart.
+    assert len(averages) == len(trained) and any(abs(a - w).max() > 1e-4 for a, w in zip(averages, trained))
+    line = next(line for line in lines if line.startswith("valid loss: "))
+    former, smoothed = (float(part.split()[0]) for part in line[len("valid loss: "):].split(", ")[:2])
+    saved = [keras.ops.convert_to_numpy(v) for v in translator.model.trainable_variables]
+    want = averages if smoothed < former else trained
+    assert line.endswith("the translator is the " + ("moving average" if smoothed < former else "former"))
+    for got, expected in zip(saved, want, strict=True):
+        np.testing.assert_allclose(got, expected, atol=1e-6)
+    chosen = training.read_history(tmp_path / "history.jsonl")[-1]["translator"]["chosen"]
+    assert ("moving average" in chosen) == (smoothed < former)

@@ -35,7 +35,7 @@ def run_wmt14(*args, backend=None):
 @needs_wmt14
 def test_wmt14_recipe_runs_offline_and_refuses_a_used_model_dir(tmp_path):
     common = [
-        "--data-dir", WMT14, "--preset", "tiny", "--tokens-per-batch", "2048",
+        "--data-dir", WMT14, "--preset", "tiny", "--tokens-per-device", "2048", "--tokens-per-update", "4096",
         "--vocabulary-size", "2000", "--checkpoint-every", "2", "--average", "2",
         "--valid-size", "16", "--test-size", "8", "--model-dir", tmp_path / "run",
     ]
@@ -43,8 +43,11 @@ def test_wmt14_recipe_runs_offline_and_refuses_a_used_model_dir(tmp_path):
     first = run_wmt14(*common, "--train-steps", "2", "--buckets", "2", "--log-every", "1", "--keep-checkpoints", "3")
     assert first.returncode == 0, first.stderr[-3000:]
     assert "step 1/2 |" in first.stdout
+    # The update's tokens from the devices found: here one CPU, two batches an update.
+    assert "tokens per update: 4,096 = 1 device x 2,048 tokens x 2 batches (the paper: 8 GPUs x 3,125 tokens x 1 batch)" in first.stdout
     saved = json.loads((tmp_path / "run" / "train_config.json").read_text())
     assert (saved["buckets"], saved["log_every"], saved["keep_checkpoints"]) == (2, 1, 3)
+    assert (saved["tokens_per_batch"], saved["accumulate"]) == (2048, 2)
     assert "sacrebleu signature: nrefs:1|case:mixed|eff:no|tok:13a" in first.stdout
     assert (tmp_path / "run" / "test_bleu.txt").read_text().startswith("BLEU = ")
     assert (tmp_path / "run" / "train_config.json").is_file()

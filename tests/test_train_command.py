@@ -259,6 +259,8 @@ def cli_error(*args):
         (["--max-time", "soon"], "max_time: expected a duration such as 90m, 2h30m or 3600 (seconds); received 'soon'"),
         (["--max-time", "0m"], "max_time: expected a duration above zero; received '0m'"),
         (["--clip-norm", "-1"], "clip_norm must be a number in (0, inf); received -1.0"),
+        (["--ema", "1"], "ema must be a number in (0, 1); received 1.0"),
+        (["--subword-alpha", "0"], "subword_alpha must be a number in (0, 1]; received 0.0"),
     ],
 )
 def test_bad_arguments_are_one_error_line_before_any_training(files, tmp_path, extra, message, capsys):

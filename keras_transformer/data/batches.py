@@ -135,6 +135,8 @@ class TokenBatches(keras.utils.PyDataset):
             padding.
         shard: `(index, count)`: this process's share of each batch's rows,
             for `count` processes training on the same batches.
+        sampling: a `SubwordSampling` that draws each pair's segmentation
+            anew as its batch is made (subword regularization), or None.
         accumulate: batches per optimizer update (`compile_model(...,
             accumulate=N)`): batches k N to k N + N - 1 make update k, and
             each comes with a weight for its loss, N times its share of
@@ -163,6 +165,7 @@ class TokenBatches(keras.utils.PyDataset):
         buckets=None,
         shard=(0, 1),
         accumulate=1,
+        sampling=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -198,6 +201,7 @@ class TokenBatches(keras.utils.PyDataset):
                 f"batch_multiple. Received: shard={shard!r}, batch_multiple={batch_multiple}"
             )
         self.pairs = pairs
+        self.sampling = sampling
         self.tokens_per_batch = tokens_per_batch
         self.max_length = max_length
         self.shuffle = shuffle
@@ -209,7 +213,7 @@ class TokenBatches(keras.utils.PyDataset):
         if buckets is None:
             self.lengths = np.array(bucket_lengths(max_length, step=bucket_step), np.int64)
         else:
-            histogram = _length_histogram(pairs, max_length)
+            histogram = _length_histogram(pairs, max_length, self._room(max_length))
             # Every pair too long: `_buckets` says so below.
             fitted = fitted_bucket_lengths(histogram, buckets) if histogram.any() else [max_length]
             self.lengths = np.array(fitted, np.int64)
@@ -219,7 +223,7 @@ class TokenBatches(keras.utils.PyDataset):
                 for n in self.lengths
             ]
         )
-        self._bucket, self.pairs_per_bucket, too_long, shortest = _buckets(pairs, self.lengths)
+        self._bucket, self.pairs_per_bucket, too_long, shortest = _buckets(pairs, self.lengths, self._room(max_length))
         if too_long == len(pairs):
             raise ValueError(
                 f"Every pair is longer than max_length={max_length} subword tokens "
@@ -240,6 +244,16 @@ class TokenBatches(keras.utils.PyDataset):
         self._epoch = 0  # without `repeat`: which epoch `model.fit` is in
         self._plans = {}
         self._guard = threading.Lock()
+
+    def _room(self, max_length):
+        """The length a pair is bucketed by, from its own: with sampling,
+        room for the longer segmentations drawn (`SubwordSampling.room`),
+        up to `max_length`; else its own."""
+        if self.sampling is None:
+            return None
+        return lambda lengths: np.where(
+            lengths <= max_length, np.minimum(self.sampling.room(lengths), max_length), lengths
+        ).astype(lengths.dtype)
 
     @property
     def longest(self):
@@ -334,8 +348,14 @@ class TokenBatches(keras.utils.PyDataset):
     def _batch(self, epoch, step):
         members, bucket = self._shard_members(epoch, step)
         rows, columns = int(self.batch_sizes[bucket]) // self.shard[1], int(self.lengths[bucket])
-        source_ids, _ = _padded(*self.pairs.gather("source", members), rows, columns)
-        target_ids, labels = _padded(*self.pairs.gather("target", members), rows, columns, decoder=True)
+        sides = {side: self.pairs.gather(side, members) for side in ("source", "target")}
+        if self.sampling is not None:  # within the bucket's length, with EOS or BOS
+            sides = {
+                side: self.sampling.resample(*ids, columns - 1, seed=(self.seed, epoch, step, index))
+                for index, (side, ids) in enumerate(sides.items())
+            }
+        source_ids, _ = _padded(*sides["source"], rows, columns)
+        target_ids, labels = _padded(*sides["target"], rows, columns, decoder=True)
         batch = _as_batch(source_ids, target_ids, labels)
         if self.accumulate == 1:
             return batch
@@ -397,16 +417,17 @@ class TokenBatches(keras.utils.PyDataset):
         return dataset.prefetch(2).with_options(options)
 
 
-def _length_histogram(pairs, max_length, chunk=1 << 22):
+def _length_histogram(pairs, max_length, room=None, chunk=1 << 22):
     """int64 `[max_length + 1]`: how many pairs have each length up to
     `max_length`."""
     histogram = np.zeros(2**16 + 1, np.int64)
     for start in range(0, len(pairs), chunk):
-        histogram += np.bincount(pairs.pair_lengths(start, start + chunk), minlength=len(histogram))
+        lengths = pairs.pair_lengths(start, start + chunk)
+        histogram += np.bincount(lengths if room is None else room(lengths), minlength=len(histogram))
     return histogram[: max_length + 1]
 
 
-def _buckets(pairs, lengths, chunk=1 << 22):
+def _buckets(pairs, lengths, room=None, chunk=1 << 22):
     """Each pair's bucket, a chunk of pairs at a time.
 
     Returns:
@@ -420,6 +441,7 @@ def _buckets(pairs, lengths, chunk=1 << 22):
     shortest = 2**16
     for start in range(0, len(pairs), chunk):
         pair_lengths = pairs.pair_lengths(start, start + chunk)
+        pair_lengths = pair_lengths if room is None else room(pair_lengths)
         np.take(table, pair_lengths, out=bucket[start : start + chunk])
         counts += np.bincount(bucket[start : start + chunk], minlength=len(counts))
         shortest = min(shortest, int(pair_lengths.min()))

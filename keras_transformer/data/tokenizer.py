@@ -3,6 +3,7 @@
 import io
 import json
 import os
+import threading
 
 import numpy as np
 import sentencepiece
@@ -16,6 +17,10 @@ CONFIG_FILE = "subword.json"
 # (its "dummy prefix"). Its decoder drops every mark a text begins with, so
 # the spaces a text began with are in the pieces but not in the decoded text.
 SPACE_MARK = "\u2581"
+
+
+# Sampling seeds SentencePiece's one generator, then draws: one at a time.
+_SAMPLING = threading.Lock()
 
 
 def _sentences_of(item, index):
@@ -238,6 +243,21 @@ class SubwordTokenizer:
                     f"{type(text).__name__} {text!r:.60}"
                 )
         return self._processor.encode(strings, num_threads=num_threads or os.cpu_count() or 1)
+
+    def sample(self, strings, alpha, seed):
+        """Ids of each string, in a segmentation drawn at random (subword
+        regularization, Kudo 2018; for BPE, BPE-dropout: each merge left
+        out with probability `alpha`, Provilkov et al. 2020). The same
+        `seed` draws the same segmentations.
+
+        Returns:
+            A list of int-id lists, one per string.
+        """
+        with _SAMPLING:  # SentencePiece's generator is one for the process
+            sentencepiece.set_random_generator_seed(int(seed) % 2**32)
+            return self._processor.encode(
+                list(strings), enable_sampling=True, alpha=float(alpha), nbest_size=-1, num_threads=1
+            )
 
     def tokenize_target(self, strings, num_threads=None):
         """The target side's ids: the shared vocabulary's, as `tokenize`."""

@@ -55,6 +55,8 @@ def add_arguments(parser):
     optimization.add_argument("--label-smoothing", type=float, help=f"eps_ls (default {defaults.label_smoothing})")
     optimization.add_argument("--max-epochs", type=int, metavar="E", help="stop after E passes over the training pairs, if before --train-steps")
     optimization.add_argument("--max-time", metavar="DURATION", help="stop after this long (90m, 2h30m, seconds) with a checkpoint; --resume goes on as long again")
+    optimization.add_argument("--ema", type=float, metavar="DECAY", help="keep a moving average of the weights (decay per update, such as 0.9999), saved as the translator where it validates better")
+    optimization.add_argument("--subword-alpha", type=float, metavar="A", help="subword regularization: each training sentence segmented anew at random (BPE: each merge left out with probability A)")
     optimization.add_argument("--clip-norm", type=float, metavar="NORM", help="scale each update's gradients down to this global norm where larger")
     optimization.add_argument("--checkpoint-every", type=int, help=f"steps between checkpoints (default {defaults.checkpoint_every})")
     optimization.add_argument("--average", type=int, help="last checkpoints averaged into the final model (default 5; not with --best-metric)")

@@ -121,6 +121,14 @@ class TrainingConfig:
             goes on for as long again.
         clip_norm: scale each update's gradients down to this global norm
             where it is larger (Keras's `global_clipnorm`).
+        ema: keep an exponential moving average of the weights with this
+            decay per update (Marian's `--exponential-smoothing`); at the
+            end it is validated beside the translator chosen otherwise, and
+            saved instead where it scores better.
+        subword_alpha: draw each training sentence's segmentation anew
+            each time a batch holds it (subword regularization; for BPE,
+            the probability that a merge is left out); validation and the
+            saved translator keep the one segmentation.
         beam_size, alpha, max_extra_length: the saved translator's search.
         jit_compile: `"auto"`, True or False: XLA for the train step.
         seed: the seed of the weights, the dropout and the data order.
@@ -167,6 +175,8 @@ class TrainingConfig:
     max_epochs: int = None
     max_time: object = None
     clip_norm: float = None
+    ema: float = None
+    subword_alpha: float = None
     beam_size: int = 4
     alpha: float = 0.6
     max_extra_length: int = 50
@@ -247,6 +257,10 @@ class TrainingConfig:
             whole("max_epochs")
         if self.clip_norm is not None:
             number("clip_norm", 0, math.inf, self.clip_norm, low_open=True)
+        if self.ema is not None:
+            number("ema", 0, 1, self.ema, low_open=True)
+        if self.subword_alpha is not None:
+            number("subword_alpha", 0, 1, self.subword_alpha, low_open=True, high_open=False)
         if self.max_time is not None:
             try:
                 parse_duration(self.max_time)

@@ -29,6 +29,7 @@ from keras_transformer.data.corpus import concatenate
 from keras_transformer.data.corpus import read_json_object
 from keras_transformer.data.corpus import read_parallel_text
 from keras_transformer.data.pipeline import make_dataset
+from keras_transformer.data.sampling import SubwordSampling
 from keras_transformer.data.prepared import MANIFEST_FILE
 from keras_transformer.data.prepared import is_prepared
 from keras_transformer.data.prepared import load_prepared
@@ -63,7 +64,9 @@ from keras_transformer.training.limits import steps_in_epochs
 from keras_transformer.training.selection import BestCheckpoints
 from keras_transformer.training.selection import best_checkpoints
 from keras_transformer.training.selection import standing
+from keras_transformer.training.validation import VALID_METRICS
 from keras_transformer.training.validation import Validation
+from keras_transformer.training.validation import validation_score
 from keras_transformer.training.trainer import compile_model
 from keras_transformer.training.trainer import fit
 from keras_transformer.training.trainer import steps_per_execution
@@ -200,9 +203,12 @@ def _train(config, resume, log, verbose, distribution, turns):
         bucket_step=config.bucket_step, buckets=config.buckets, repeat=True, seed=config.seed,
         batch_multiple=distribution.num_replicas,
         shard=distribution.data_shard, accumulate=config.accumulate,
+        sampling=None if config.subword_alpha is None else SubwordSampling(tokenizer, config.subword_alpha),
     )
     lengths = train_data.lengths
     how = f"bucket_step {config.bucket_step}" if config.buckets is None else f"fitted, buckets {config.buckets}"
+    if config.subword_alpha is not None:
+        how += f"; segmentations drawn at alpha {config.subword_alpha}"
     log(f"batches: {len(lengths)} length{'s' * (len(lengths) > 1)} from {lengths[0]} to {lengths[-1]} tokens ({how})")
     train_steps = config.train_steps
     if config.max_epochs is not None:
@@ -226,7 +232,7 @@ def _train(config, resume, log, verbose, distribution, turns):
             model, warmup_steps=config.warmup_steps, label_smoothing=config.label_smoothing,
             learning_rate_scale=config.learning_rate_scale, jit_compile=config.jit_compile,
             steps_per_execution=_steps_per_execution(config, train_steps, reached), count_tokens=True,
-            accumulate=config.accumulate,
+            accumulate=config.accumulate, ema=config.ema,
             **({} if config.clip_norm is None else {"global_clipnorm": config.clip_norm}),
         )
     log(
@@ -281,6 +287,10 @@ def _train(config, resume, log, verbose, distribution, turns):
 
     kept, how = _final_checkpoints(config, checkpoint_dir, history_path)
     final = average_checkpoints(kept)
+    if config.ema is not None:
+        final, kept, how = _better_of_moving_average(
+            config, final, kept, how, checkpoint_dir, valid, valid_data, tokenizer, log
+        )
     translator = Translator(
         final, tokenizer, beam_size=config.beam_size, alpha=config.alpha,
         max_extra_length=config.max_extra_length, max_source_length=config.max_tokens,
@@ -297,6 +307,43 @@ def _train(config, resume, log, verbose, distribution, turns):
         + f") in {config.model_dir} after {format_duration(time.time() - started)}"
     )
     return translator
+
+
+def _better_of_moving_average(config, final, kept, how, checkpoint_dir, valid, valid_data, tokenizer, log):
+    """`(model, checkpoints, how)` of the translator: `final` (chosen as
+    `how` says), or the moving average of the weights (`--ema`) at the
+    newest checkpoint where it scores better on validation, by
+    `best_metric` or else the loss."""
+    newest = list_checkpoints(checkpoint_dir)[-1]
+    with local_reads():
+        averages = keras.saving.load_model(newest).optimizer
+    averages = getattr(averages, "inner_optimizer", averages).moving_averages()
+    if not averages:
+        return final, kept, how
+    smoothed = type(final).from_config(final.get_config())
+    smoothed.set_weights(final.get_weights())
+    for variable, average in zip(smoothed.trainable_variables, averages):
+        variable.assign(average)
+    metric = config.best_metric or "loss"
+    translator = _validation_translator(config, final, tokenizer)
+    sentences = slice(0, config.valid_bleu_sentences)
+    scores = [
+        validation_score(
+            candidate, metric, valid_data, translator, valid.sources[sentences], valid.targets[sentences],
+            config.label_smoothing,
+        )
+        for candidate in (final, smoothed)
+    ]
+    higher = VALID_METRICS[metric][1]
+    better = scores[1] > scores[0] if higher else scores[1] < scores[0]
+    log(
+        f"valid {metric}: {scores[0]:.3f} for {how}, {scores[1]:.3f} for the moving average of the weights "
+        f"(--ema {config.ema}) at {os.path.basename(newest)}; the translator is the "
+        + ("moving average" if better else "former")
+    )
+    if not better:
+        return final, kept, how
+    return smoothed, [newest], f"the moving average of the weights (--ema {config.ema}) at the newest checkpoint, valid {metric} {scores[1]:.2f} against {scores[0]:.2f}"
 
 
 def _validation_translator(config, model, tokenizer):

@@ -31,6 +31,7 @@ def compile_model(
     steps_per_execution=1,
     count_tokens=False,
     accumulate=1,
+    ema=None,
     **optimizer_kwargs,
 ):
     """Compiles `model` with the paper's training setup (sections 5.3, 5.4).
@@ -59,6 +60,11 @@ def compile_model(
             (`TokenBatches(..., accumulate=N)` does), so that the update
             is that of one batch holding their sentences: Keras's
             accumulation averages the batches' gradients.
+        ema: the decay of an exponential moving average of the weights
+            per update (Keras's optimizer `use_ema`; Marian's
+            `--exponential-smoothing`), or None. The averages are
+            `model.optimizer.moving_averages()`; the weights stay the
+            trained ones at the end of `fit`.
         count_tokens: also the `target_tokens` metric, the non-padding
             target tokens of the epoch so far, from which `ProgressLog`
             gives tokens/s (`train` counts them). Bookkeeping, not a
@@ -75,6 +81,12 @@ def compile_model(
             f"Received: steps_per_execution={steps_per_execution}"
         )
     accumulate = check_count("accumulate", accumulate)
+    if ema is not None:
+        if isinstance(ema, bool) or not isinstance(ema, (int, float)) or not 0.0 < ema < 1.0:
+            raise ValueError(f"`ema` must be a decay in (0, 1), such as 0.9999. Received: ema={ema!r}")
+        # Keras moves the average at every batch: N batches an update make
+        # one update's decay.
+        optimizer_kwargs |= {"use_ema": True, "ema_momentum": ema ** (1.0 / accumulate)}
     optimizer = transformer_adam(
         model.d_model, warmup_steps, learning_rate_scale, accumulate=accumulate, **optimizer_kwargs
     )

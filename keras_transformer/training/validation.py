@@ -6,6 +6,7 @@ import os
 import time
 
 import keras
+import numpy as np
 import sacrebleu.metrics
 
 from keras_transformer.files import write_atomically
@@ -155,3 +156,32 @@ class Validation(keras.callbacks.Callback):
 
 # The name of earlier versions, which scored greedy BLEU only.
 ValidationBLEU = Validation
+
+
+def validation_score(model, metric, valid_data=None, translator=None, sources=(), references=(), label_smoothing=0.1):
+    """`model`'s validation `metric`, computed here: the loss (label
+    smoothed) or perplexity over `valid_data`'s real tokens, or BLEU or
+    chrF of `translator`'s search (its settings, around `model`) on
+    `sources`. For a model outside training, such as the weights' moving
+    average, which Keras's validation did not see."""
+    if metric in SCORERS:
+        search = type(translator)(model, translator.tokenizer, **translator.get_config())
+        hypotheses = search.translate(list(sources))
+        return SCORERS[metric]().corpus_score(hypotheses, [list(references)]).score
+    from keras_transformer.losses import LabelSmoothedCrossEntropy
+    from keras_transformer.losses import label_negative_log_likelihood
+
+    smoothed = LabelSmoothedCrossEntropy(label_smoothing, reduction="none")
+    total = negative_log_likelihood = tokens = 0.0
+    for index in range(len(valid_data)):
+        inputs, labels = valid_data[index][:2]
+        logits = model(inputs, training=False)
+        real = keras.ops.convert_to_numpy(labels) != 0
+        count = float(real.sum())
+        # The loss's values weigh each real token by positions / real tokens.
+        total += float(keras.ops.convert_to_numpy(smoothed(labels, logits)).sum()) * count / real.size
+        negative_log_likelihood += float((keras.ops.convert_to_numpy(label_negative_log_likelihood(labels, logits)) * real).sum())
+        tokens += count
+    if metric == "loss":
+        return total / max(tokens, 1.0)
+    return float(np.exp(negative_log_likelihood / max(tokens, 1.0)))
