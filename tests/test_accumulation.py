@@ -110,7 +110,7 @@ def test_a_run_that_crashed_inside_an_update_resumes_to_the_uninterrupted_weight
             if self.seen == N + 2:
                 raise KeyboardInterrupt
 
-    steps, every = 3, 1
+    steps, every = 2, 1
     whole = training.fit(new_model(N, 0.1), batches(pairs, N), tmp_path / "whole", steps, checkpoint_every=every, verbose=0)
     with pytest.raises(KeyboardInterrupt):
         training.fit(new_model(N, 0.1), batches(pairs, N), tmp_path / "crashed", steps, checkpoint_every=every,

@@ -552,6 +552,7 @@ def test_a_configuration_file_with_a_wrong_type_is_one_error_naming_the_file_and
     assert error.startswith(f"error: {tmp_path / 'train_config.json'}: ") and expected in error
 
 
+@in_one_pass("torch", "the recipe's check of its files, before any backend work")
 def test_multi30k_recipe_without_its_data_says_where_to_get_it(tmp_path):
     result = subprocess.run(
         [sys.executable, os.path.join(ROOT, "recipes", "multi30k_en_de.py"),

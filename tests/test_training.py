@@ -213,7 +213,7 @@ def test_several_steps_a_call_checkpoint_log_and_end_where_one_step_a_call_does(
     for got, want in zip(batched.get_weights(), single.get_weights()):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     model = training.compile_model(kt.build_transformer("tiny", vocabulary_size=16, num_layers=1), steps_per_execution=4)
-    with pytest.raises(ValueError, match=r"must divide train_steps.*train_steps=10, checkpoint_every=8.*steps_per_execution=2"):
+    with pytest.raises(ValueError, match=r"must divide the batches of train_steps.*train_steps=10, checkpoint_every=8.*steps_per_execution=2"):
         training.fit(model, reversal_batches(), tmp_path / "ten", 10, checkpoint_every=8, verbose=0)
 
 
