@@ -254,6 +254,8 @@ def cli_error(*args):
         (["--best-metric", "chrf", "--valid-metrics", "loss", "bleu"], "best_metric 'chrf' must be one of valid_metrics ['loss', 'bleu']"),
         (["--best-metric", "bleu", "--valid-bleu-sentences", "0"], "best_metric 'bleu' scores translations, which valid_bleu_sentences 0 turns off"),
         (["--patience", "3"], "patience needs best_metric"),
+        (["--best-metric", "bleu4"], "best_metric must be one of ['loss', 'perplexity', 'bleu', 'chrf']; received 'bleu4'"),
+        (["--valid-metrics", "loss", "ter"], "valid_metrics must name some of ['loss', 'perplexity', 'bleu', 'chrf']; received ['loss', 'ter']"),
         (["--valid-beam-size", "0"], "valid_beam_size must be an integer >= 1; received 0"),
         (["--max-epochs", "0"], "max_epochs must be an integer >= 1; received 0"),
         (["--max-time", "soon"], "max_time: expected a duration such as 90m, 2h30m or 3600 (seconds); received 'soon'"),
