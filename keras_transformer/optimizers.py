@@ -77,13 +77,6 @@ class Adam(keras.optimizers.Adam):
         held = getattr(self, "_averages", None)
         return None if held is None else list(held.items)
 
-    def finalize_variable_values(self, var_list):
-        """Leaves the trained weights in place. Keras's `fit` calls this at
-        its end, where its optimizer puts the moving averages into the
-        weights (`use_ema`); a run of several `fit` calls must go on from
-        the trained weights, so the averages stay in `moving_averages()`."""
-        return
-
     def apply(self, grads, trainable_variables=None):
         lists = self._fusable(grads, trainable_variables)
         if lists is None:

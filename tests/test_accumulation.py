@@ -130,3 +130,31 @@ def test_batches_weighed_for_another_update_are_refused(pairs, tmp_path):
         TokenBatches(pairs, 192, max_length=MAX_LENGTH, accumulate=0)
     with pytest.raises(ValueError, match="accumulate"):
         training.compile_model(kt.build_transformer("tiny", vocabulary_size=VOCABULARY), accumulate=0)
+
+
+def test_a_run_of_several_fit_calls_with_moving_averages_goes_on_from_the_trained_weights(pairs, tmp_path):
+    """Keras's `fit` ends by putting the weights' moving averages (`use_ema`)
+    into the model; `training.fit`'s next call must start from the trained
+    weights, which the checkpoint between them holds."""
+
+    class StartingWeights(keras.callbacks.Callback):
+        seen = []
+
+        def on_train_begin(self, logs=None):
+            self.seen.append([to_numpy(v) for v in self.model.trainable_variables])
+
+    model = kt.build_transformer("tiny", vocabulary_size=VOCABULARY, num_layers=1)
+    training.compile_model(model, warmup_steps=4, accumulate=2, ema=0.5)
+    starts = StartingWeights()
+    # Steps 0-3, then 3-5: two calls of Keras's fit.
+    trained = training.fit(model, batches(pairs, 2), tmp_path, 5, checkpoint_every=3, callbacks=[starts], verbose=0)
+    assert len(starts.seen) == 2
+    checkpoint = keras.saving.load_model(tmp_path / "checkpoints" / "ckpt-00000003.keras")
+    saved = [to_numpy(v) for v in checkpoint.trainable_variables]
+    for got, want in zip(starts.seen[1], saved, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-6)
+    assert any(np.abs(w - to_numpy(a)).max() > 1e-4 for w, a in zip(saved, checkpoint.optimizer.moving_averages(), strict=True))
+    # At its end, Keras's semantics: the model holds the moving averages.
+    final = keras.saving.load_model(tmp_path / "checkpoints" / "ckpt-00000005.keras")
+    for got, average in zip(trained.trainable_variables, final.optimizer.moving_averages()):
+        np.testing.assert_allclose(to_numpy(got), to_numpy(average), atol=1e-6)

@@ -63,8 +63,8 @@ def compile_model(
         ema: the decay of an exponential moving average of the weights
             per update (Keras's optimizer `use_ema`; Marian's
             `--exponential-smoothing`), or None. The averages are
-            `model.optimizer.moving_averages()`; the weights stay the
-            trained ones at the end of `fit`.
+            `model.optimizer.moving_averages()`, and Keras's `fit` puts
+            them into the weights at its end.
         count_tokens: also the `target_tokens` metric, the non-padding
             target tokens of the epoch so far, from which `ProgressLog`
             gives tokens/s (`train` counts them). Bookkeeping, not a
@@ -181,6 +181,27 @@ class StopAtStep(keras.callbacks.Callback):
         self._step = self._epoch_start + (batch + 1) // batches_per_update(self.model)
         if self._step >= self.train_steps:
             self.model.stop_training = True
+
+
+def _moving_averages(model):
+    """Whether the model's optimizer keeps moving averages of the weights."""
+    optimizer = getattr(model, "optimizer", None)
+    return bool(getattr(getattr(optimizer, "inner_optimizer", optimizer), "use_ema", False))
+
+
+class TrainedWeights(keras.callbacks.Callback):
+    """The trained weights at each epoch's end, before Keras's `fit` puts
+    the moving averages in their place, for the next `fit` to go on from."""
+
+    weights = None
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.weights = [keras.ops.convert_to_numpy(v) for v in self.model.trainable_variables]
+
+    def restore(self, model):
+        if self.weights is not None:
+            for variable, value in zip(model.trainable_variables, self.weights):
+                variable.assign(value)
 
 
 def batches_per_update(model):
@@ -335,15 +356,20 @@ def fit(
         callbacks.append(selection)
     # An epoch is one checkpoint interval: Keras validates and the callbacks
     # write a checkpoint at its end.
+    # Keras's fit ends by putting the weights' moving averages (`use_ema`)
+    # into the model; the next `fit` call goes on from the trained ones.
+    trained = TrainedWeights() if _moving_averages(model) else None
     try:
         for start, epoch, epochs, steps in _fits(done, train_steps, checkpoint_every):
+            if trained is not None:
+                trained.restore(model)
             model.fit(
                 _from_step(dataset, start * per_update),
                 initial_epoch=epoch,
                 epochs=epochs,
                 steps_per_epoch=steps * per_update,
                 validation_data=validation_data,
-                callbacks=callbacks,
+                callbacks=callbacks + ([trained] if trained is not None else []),
                 verbose=verbose,
                 shuffle=False,  # the dataset shuffles itself
             )
