@@ -209,6 +209,7 @@ class TokenBatches(keras.utils.PyDataset):
         self.seed = int(np.random.randint(2**31)) if seed is None else int(seed)
         self.shard = (index, count)
         self.accumulate = int(accumulate)
+        self._update_tokens = (None, 0)  # (update, its target tokens): the last counted
         self.vocabulary_size = pairs.vocabulary_size
         if buckets is None:
             self.lengths = np.array(bucket_lengths(max_length, step=bucket_step), np.int64)
@@ -380,10 +381,14 @@ class TokenBatches(keras.utils.PyDataset):
         absolute = epoch * self.batches_per_epoch + step if self.repeat else step
         first = absolute - absolute % self.accumulate
         last = first + self.accumulate if self.repeat else min(first + self.accumulate, self.batches_per_epoch)
-        total = 0
-        for other in range(first, last):
-            other_epoch, other_step = divmod(other, self.batches_per_epoch) if self.repeat else (epoch, other)
-            total += self._target_tokens(self._shard_members(other_epoch, other_step)[0])
+        # The update's tokens, counted once for its N batches (asked for in turn).
+        group, total = self._update_tokens
+        if group != (epoch if not self.repeat else None, first):
+            total = 0
+            for other in range(first, last):
+                other_epoch, other_step = divmod(other, self.batches_per_epoch) if self.repeat else (epoch, other)
+                total += self._target_tokens(self._shard_members(other_epoch, other_step)[0])
+            self._update_tokens = ((epoch if not self.repeat else None, first), total)
         return (last - first) * self._target_tokens(members) / max(total, 1)
 
     def as_tf_dataset(self):

@@ -53,14 +53,14 @@ class SubwordSampling:
         waiting = list(range(len(kept)))  # the sentences no draw has fitted yet
         for draw in range(DRAWS):
             drawn = self.tokenizer.sample([texts[i] for i in waiting], self.alpha, seed=_seed((*seed, draw)))
-            for index, ids in zip(list(waiting), drawn):
+            for index, ids in zip(waiting, drawn):
                 if len(ids) <= limit:
                     kept[index] = ids
-                    waiting.remove(index)
+            waiting = [index for index, ids in zip(waiting, drawn) if len(ids) > limit]
             if not waiting:
                 break
         lengths = np.array([len(ids) for ids in kept], np.int64)
-        flat = np.fromiter((i for ids in kept for i in ids), values.dtype, count=int(lengths.sum()))
+        flat = np.concatenate([np.asarray(ids, values.dtype) for ids in kept]) if kept else values[:0]
         return flat, lengths
 
 

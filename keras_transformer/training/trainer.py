@@ -174,11 +174,12 @@ class StopAtStep(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_start = self._step
+        self._per_update = batches_per_update(self.model)
 
     def on_train_batch_end(self, batch, logs=None):
         # `batch`: the epoch's last batch done (several a call with
         # `steps_per_execution`, several an update with accumulation).
-        self._step = self._epoch_start + (batch + 1) // batches_per_update(self.model)
+        self._step = self._epoch_start + (batch + 1) // self._per_update
         if self._step >= self.train_steps:
             self.model.stop_training = True
 
