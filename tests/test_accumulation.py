@@ -13,6 +13,7 @@ from keras_transformer.data.batches import BOS_ID
 from keras_transformer.data.batches import EOS_ID
 from keras_transformer.data.prepared import TokenizedPairs
 
+from conftest import in_one_pass
 from conftest import to_numpy
 
 VOCABULARY = 50
@@ -99,6 +100,7 @@ def test_an_update_of_n_batches_is_the_update_of_one_batch_of_their_sentences(pa
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
 
 
+@in_one_pass("torch", "checkpoints where updates end and the resume's batches are training.fit's, the same under every backend; each backend's accumulated update is the test above")
 def test_a_run_that_crashed_inside_an_update_resumes_to_the_uninterrupted_weights(pairs, tmp_path):
     class Crash(keras.callbacks.Callback):
         """Ends the run between the second and third batches of update 2."""

@@ -55,9 +55,16 @@ def assert_same(got, want):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
 
 
-def test_a_run_whose_validation_worsens_stops_early_and_saves_its_best_checkpoint(corpus, tmp_path):
-    lines = []
-    run(config(corpus, tmp_path, best_metric="loss", patience=3), lines)
+@pytest.fixture(scope="module")
+def stopped(corpus, tmp_path_factory):
+    """A run with patience 3 that stops early, and its lines."""
+    directory, lines = tmp_path_factory.mktemp("stopped"), []
+    run(config(corpus, directory, best_metric="loss", patience=3), lines)
+    return directory, lines
+
+
+def test_a_run_whose_validation_worsens_stops_early_and_saves_its_best_checkpoint(stopped):
+    tmp_path, lines = stopped
     history = training.read_history(tmp_path / "history.jsonl")
     last = history[-1]["step"]
     assert last < TRAIN_STEPS
@@ -83,9 +90,8 @@ def test_average_best_averages_exactly_the_three_best(corpus, tmp_path):
     ]
 
 
-def test_a_resume_after_a_crash_keeps_the_best_and_the_count(corpus, tmp_path, monkeypatch):
-    whole = tmp_path / "whole"
-    run(config(corpus, whole, best_metric="loss", patience=3))
+def test_a_resume_after_a_crash_keeps_the_best_and_the_count(corpus, stopped, tmp_path, monkeypatch):
+    whole = stopped[0]
     stopped = training.read_history(whole / "history.jsonl")[-1]["step"]
     best = standing(whole / "history.jsonl", "loss").best_step
     assert stopped == best + 6
