@@ -29,6 +29,23 @@ def batch(seed):
     return {"source_ids": ids[0], "target_ids": ids[1]}, ids[2]
 
 
+def layers_model(jit_compile):
+    """The package's layers that hold an eager fast path, as one small
+    Functional model trained by the paper's Adam: the id check, the shared
+    embedding and its logits (oneDNN's product at this width), the
+    host-seeded dropout and the feed-forward's products."""
+    from keras_transformer import checks
+
+    keras.utils.set_random_seed(0)
+    ids = keras.Input((None,), dtype="int32")
+    embedding = kt.layers.TokenEmbedding(VOCABULARY, 32)
+    states = kt.layers.Dropout(0.1, seed=1)(embedding(checks.TokenIdCheck(VOCABULARY)(ids)))
+    model = keras.Model(ids, embedding(kt.layers.PositionwiseFeedForward(64)(states), reverse=True))
+    model.compile(optimizer=kt.optimizers.transformer_adam(d_model=32, warmup_steps=10),
+                  loss=kt.losses.LabelSmoothedCrossEntropy(), jit_compile=jit_compile)
+    return model
+
+
 def save_compiled(directory, setting):
     keras.utils.set_random_seed(0)
     model = kt.build_transformer("tiny", vocabulary_size=VOCABULARY, num_layers=1, d_model=32, d_ff=64, num_heads=2)
