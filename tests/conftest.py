@@ -1,4 +1,5 @@
 import os
+import threading
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -316,3 +317,26 @@ def made_once_across_passes(request, name, make, *files):
             shutil.rmtree(saved)
             staging.rename(saved)
     return saved
+
+
+def pytest_collection_finish(session):
+    """Starts the README's quick start training (`test_readme.py`'s
+    `workdir`, minutes of a TensorFlow process) in a thread as soon as the
+    tests that need it are collected, so that it runs beside the tests
+    before them instead of holding up the pass that gets there first."""
+    if getattr(session.config, "cache", None) is None:
+        return
+    for item in session.items:
+        if "workdir" in getattr(item, "fixturenames", ()) and item.module.__name__ == "test_readme":
+            module = item.module
+            threading.Thread(target=_make_ahead, args=(session.config, module), daemon=True).start()
+            return
+
+
+def _make_ahead(config, module):
+    import types
+
+    try:
+        module.quickstart_run(types.SimpleNamespace(config=config))
+    except Exception:  # noqa: BLE001 - the fixture makes it again, in the test, and reports why it failed
+        pass

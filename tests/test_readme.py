@@ -93,10 +93,16 @@ def workdir(tmp_path_factory, request):
     `test_the_quick_start_runs_under_this_backend` runs the quick start
     itself under the other backends.
     """
-    saved = made_once_across_passes(request, "quickstart", train_quickstart, ROOT / "recipes" / "quickstart.py")
+    saved = quickstart_run(request)
     directory = tmp_path_factory.mktemp("user")
     shutil.copytree(saved, directory, dirs_exist_ok=True)
     return directory
+
+
+def quickstart_run(request):
+    """The quick start's cached run (conftest.py starts it as soon as the
+    tests are collected)."""
+    return made_once_across_passes(request, "quickstart", train_quickstart, ROOT / "recipes" / "quickstart.py")
 
 
 def train_quickstart(directory):
