@@ -20,6 +20,7 @@ import operator
 
 import keras
 
+from keras_transformer.backend import keras_private
 from keras_transformer.schedules import TransformerSchedule
 
 
@@ -50,7 +51,7 @@ def transformer_adam(d_model, warmup_steps=4000, learning_rate_scale=1.0, accumu
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer", name="Adam")
-class Adam(keras.optimizers.Adam):
+class Adam(keras_private.UpdateGradients, keras.optimizers.Adam):
     """Keras's Adam, whose update under torch runs in torch's fused kernel.
 
     The fused update applies where Keras's `apply` would only update:
@@ -59,7 +60,56 @@ class Adam(keras.optimizers.Adam):
     weight decay, amsgrad, accumulation or moving average, outside
     `torch.compile`. Elsewhere, and on the other backends, the update is
     Keras's own.
+
+    With `record_gradient_norm=True` it keeps the global L2 norm of the
+    gradient of its last update, before clipping (with accumulation, of the
+    update's averaged gradient), in `gradient_norm`, which a `Transformer`
+    adds to each step's logs. Under `MirroredStrategy` it is the mean of
+    the replicas' norms. The variable is left out of saved files, which
+    stay those of Keras's Adam.
     """
+
+    def __init__(self, *args, record_gradient_norm=False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.record_gradient_norm = record_gradient_norm
+
+    def get_config(self):
+        return super().get_config() | {"record_gradient_norm": self.record_gradient_norm}
+
+    def build(self, var_list):
+        if self.built:
+            return
+        super().build(var_list)
+        self.gradient_norm = self.add_variable((), initializer="zeros", dtype="float32", aggregation="mean",
+                                               name="gradient_norm")
+        if self.record_gradient_norm:
+            keras_private.hooks_update_gradients()
+
+    def record_update_gradients(self, grads):
+        if self.record_gradient_norm:
+            self.gradient_norm.assign(global_norm(grads))
+
+    def _saved_variables(self):
+        return [v for v in self.variables if v is not getattr(self, "gradient_norm", None)]
+
+    def save_own_variables(self, store):
+        for i, variable in enumerate(self._saved_variables()):
+            store[str(i)] = keras.ops.convert_to_numpy(variable)
+
+    def load_own_variables(self, store):
+        saved = self._saved_variables()
+        if len(store.keys()) != len(saved):
+            # As Keras's optimizers do: a state of another shape is not loaded.
+            import warnings
+
+            warnings.warn(
+                f"Skipping variable loading for optimizer '{self.name}', because it has {len(saved)} "
+                f"variables whereas the saved optimizer has {len(store.keys())} variables.",
+                stacklevel=2,
+            )
+            return
+        for i, variable in enumerate(saved):
+            variable.assign(store[str(i)])
 
     def add_optimizer_variables(self, trainable_variables, name, initializer="zeros"):
         made = super().add_optimizer_variables(trainable_variables, name, initializer)
@@ -81,6 +131,7 @@ class Adam(keras.optimizers.Adam):
         lists = self._fusable(grads, trainable_variables)
         if lists is None:
             return super().apply(grads, trainable_variables)
+        self.record_update_gradients(grads)
         _fused_update(self, lists, grads)
         self.iterations.assign_add(1)
 
@@ -155,6 +206,17 @@ def _fused_lists(moments, variables):
         steps,
         list(steps.unbind()),
     )
+
+
+def global_norm(grads):
+    """The L2 norm of all of `grads` together, in float32."""
+    if keras.backend.backend() == "torch" and not _compiling():
+        import torch
+
+        # One pass of torch's own over the list, not two operations a tensor.
+        return torch.nn.utils.get_total_norm([g for g in grads if g is not None]).float()
+    squares = [keras.ops.sum(keras.ops.square(keras.ops.cast(g, "float32"))) for g in grads if g is not None]
+    return keras.ops.sqrt(keras.ops.sum(keras.ops.stack(squares)))
 
 
 def _compiling():

@@ -11,6 +11,12 @@ moved or removed it (tests/test_private_names.py removes each in turn):
   values; `keras.StatelessScope` has no public getter. Without it, every
   seeded dropout draws its seed through Keras's `SeedGenerator.next`,
   which gives the same seeds, a few torch operations more a draw.
+- `UpdateGradients`, an optimizer mixin over `_clip_gradients`, the method
+  to which every backend's optimizer hands the gradients each update
+  applies (after `gradient_accumulation_steps` has averaged its batches,
+  before clipping); Keras has no public hook there. In a Keras without it,
+  the optimizer's `record_update_gradients` is never called, so no
+  gradient norm is logged, and `Adam.build` warns once.
 """
 
 import importlib
@@ -73,3 +79,37 @@ def in_stateless_scope():
     that cannot be known (the caller then takes Keras's own route)."""
     function = _keras_function("in_stateless_scope")
     return True if function is None else function()
+
+
+def _has_update_gradients_hook():
+    import keras
+
+    return callable(getattr(keras.optimizers.Optimizer, "_clip_gradients", None))
+
+
+class UpdateGradients:
+    """Calls `self.record_update_gradients(grads)` with the gradients of each
+    update, where Keras's optimizers clip them (the module's docstring)."""
+
+    hooked = None  # whether Keras calls the hook; set by `hooks_update_gradients`
+
+    def _clip_gradients(self, grads):
+        self.record_update_gradients(grads)
+        return super()._clip_gradients(grads)
+
+
+def hooks_update_gradients():
+    """Whether `UpdateGradients.record_update_gradients` is called by this
+    Keras; warns once where it is not."""
+    if UpdateGradients.hooked is None:
+        UpdateGradients.hooked = _has_update_gradients_hook()
+        if not UpdateGradients.hooked:
+            import keras
+
+            warnings.warn(
+                f"Keras {keras.__version__}'s optimizers have no _clip_gradients, which "
+                "keras_transformer.backend.keras_private.UpdateGradients overrides: no gradient norm is logged.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+    return UpdateGradients.hooked

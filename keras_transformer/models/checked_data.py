@@ -65,7 +65,8 @@ class CheckedData:
     # the data was checked on the host (checks.check_ids_on_host).
     def train_step(self, *args, **kwargs):
         with self._step_context("train_function"):
-            return super().train_step(*args, **kwargs)
+            outputs = super().train_step(*args, **kwargs)
+        return _with_gradient_norm(self.optimizer, outputs)
 
     def test_step(self, *args, **kwargs):
         with self._step_context("test_function"):
@@ -134,3 +135,18 @@ def _as_tf_dataset_under_tensorflow(x):
     if isinstance(x, TokenBatches) and keras.backend.backend() == "tensorflow":
         return x.as_tf_dataset()
     return x
+
+
+def _with_gradient_norm(optimizer, outputs):
+    """A train step's outputs with the optimizer's `gradient_norm` among the
+    logs, where it records one (`optimizers.Adam(record_gradient_norm=True)`):
+    under JAX, its value in the step's new state, which Keras writes back
+    to the variables only later."""
+    adam = getattr(optimizer, "inner_optimizer", optimizer)  # under loss scaling
+    if not getattr(adam, "record_gradient_norm", False):
+        return outputs
+    if keras.backend.backend() == "jax":
+        logs, (trainable, non_trainable, optimizer_values, metrics) = outputs
+        index = next(i for i, v in enumerate(optimizer.variables) if v is adam.gradient_norm)
+        return dict(logs, gradient_norm=optimizer_values[index]), (trainable, non_trainable, optimizer_values, metrics)
+    return dict(outputs, gradient_norm=adam.gradient_norm.value)

@@ -128,6 +128,8 @@ class ProgressLog(StepHook):
             self.board.scalars(step, {
                 "train/loss": loss, "train/learning_rate": rate, "train/steps_per_second": steps_per_second,
                 **({"train/tokens_per_second": tokens_per_second} if "target_tokens" in logs else {}),
+                # The last update's, before clipping (optimizers.Adam(record_gradient_norm=True)).
+                **({"train/gradient_norm": float(logs["gradient_norm"])} if "gradient_norm" in logs else {}),
             })
         self._last_time, self._last_step, self._last_tokens = now, step, tokens
 

@@ -231,7 +231,7 @@ def _train(config, resume, log, verbose, distribution, turns):
             model, warmup_steps=config.warmup_steps, label_smoothing=config.label_smoothing,
             learning_rate_scale=config.learning_rate_scale, jit_compile=config.jit_compile,
             steps_per_execution=_steps_per_execution(config, train_steps, reached), count_tokens=True,
-            accumulate=config.accumulate, ema=config.ema,
+            accumulate=config.accumulate, ema=config.ema, record_gradient_norm=True,
             **({} if config.clip_norm is None else {"global_clipnorm": config.clip_norm}),
         )
     log(

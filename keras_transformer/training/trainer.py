@@ -70,7 +70,9 @@ def compile_model(
             gives tokens/s (`train` counts them). Bookkeeping, not a
             score: left out of the progress bar and the history unless
             asked for.
-        **optimizer_kwargs: more `keras.optimizers.Adam` arguments.
+        **optimizer_kwargs: more `keras.optimizers.Adam` arguments, or
+            `record_gradient_norm=True` (`optimizers.Adam`: the last update's
+            gradient norm in each step's logs, `gradient_norm`).
 
     Returns:
         `model`, compiled.
