@@ -72,3 +72,18 @@ def test_without_asking_the_logs_are_keras_s_and_saved_files_are_keras_adam_s(tm
     for ours, keras_s in zip(model.optimizer._velocities, plain.optimizer._velocities, strict=True):
         np.testing.assert_array_equal(keras.ops.convert_to_numpy(ours), keras.ops.convert_to_numpy(keras_s))
     assert int(keras.ops.convert_to_numpy(plain.optimizer.iterations)) == 1
+
+
+def test_a_keras_without_the_clipping_hook_is_told_once(monkeypatch):
+    """`keras_private.UpdateGradients` overrides Keras's private
+    `_clip_gradients`: where a Keras has none, asking for the norm warns,
+    once, and training goes on without it."""
+    from keras_transformer.backend import keras_private
+
+    monkeypatch.setattr(keras_private, "_has_update_gradients_hook", lambda: False)
+    monkeypatch.setattr(keras_private.UpdateGradients, "hooked", None)
+    variables = [keras.Variable(np.ones((2, 3), "float32"))]
+    with pytest.warns(RuntimeWarning, match="have no _clip_gradients.*no gradient norm is logged") as told:
+        kt.optimizers.transformer_adam(64, 10, record_gradient_norm=True).build(variables)
+        kt.optimizers.transformer_adam(64, 10, record_gradient_norm=True).build(variables)
+    assert len([w for w in told if issubclass(w.category, RuntimeWarning)]) == 1
