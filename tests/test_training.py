@@ -478,13 +478,30 @@ def test_a_model_dir_of_another_model_is_refused(tmp_path):
     keras.backend.backend() != "jax", reason="keras.distribution.DataParallel is the JAX backend's engine"
 )
 def test_jax_data_parallel_over_two_devices_matches_one_device(tmp_path):
-    single = run(tmp_path / "one", 6, 3, tmp_path / "one.npz")
+    """Updates of 2 batches each (`accumulate=2`: Keras's accumulation
+    inside the step JAX shards), on one device and on two."""
+    single = run(tmp_path / "one", 6, 3, tmp_path / "one.npz", "--accumulate", "2")
     double = run(
-        tmp_path / "two", 6, 3, tmp_path / "two.npz", "--devices", "2",
+        tmp_path / "two", 6, 3, tmp_path / "two.npz", "--devices", "2", "--accumulate", "2",
         env={"XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2"},
     )
-    assert int(double["replicas"]) == 2
+    assert int(double["replicas"]) == 2 and int(double["step"]) == int(single["step"]) == 6
+    assert len(double["losses"]) == 12  # batches
+    # The losses, not the weights: the attention keys' biases, whose
+    # gradient is zero but for rounding, move by Adam's whole step (epsilon
+    # 1e-9) in whichever direction each reduction order rounds to
+    # (test_accumulation.py).
     np.testing.assert_allclose(double["losses"], single["losses"], rtol=1e-4)
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() != "tensorflow", reason="MirroredStrategy is the TensorFlow backend's engine"
+)
+def test_accumulation_over_mirrored_replicas_is_one_clear_error(tmp_path):
+    refused = run(tmp_path / "two", 6, 3, tmp_path / "two.npz", "--devices", "2", "--accumulate", "2", wait=False)
+    _, stderr = refused.communicate(timeout=600)
+    assert refused.returncode != 0
+    assert "ValueError: accumulate=2 over 2 TensorFlow replicas: Keras's gradient accumulation" in stderr.decode()
 
 
 @pytest.mark.skipif(

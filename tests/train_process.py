@@ -1,7 +1,7 @@
 """A training run in its own process, for the distribution tests.
 
     python tests/train_process.py MODEL_DIR STEPS CHECKPOINT_EVERY WEIGHTS.npz
-        [--devices N] [--dropout P]
+        [--devices N] [--dropout P] [--accumulate N]
 
 Trains the tiny model on the reversal task with `keras_transformer.training`
 on a deterministic dataset, then writes the final weights and the per-step
@@ -29,6 +29,7 @@ parser.add_argument("output")
 parser.add_argument("--devices", type=int, default=1)
 parser.add_argument("--fixed-length", action="store_true")
 parser.add_argument("--dropout", type=float, default=0.0)
+parser.add_argument("--accumulate", type=int, default=1, help="batches per update")
 parser.add_argument("--worker", type=int, help="this worker's index")
 parser.add_argument("--ports", help="comma-separated 127.0.0.1 ports, one per worker")
 args = parser.parse_args()
@@ -67,7 +68,7 @@ dataset = (
 )
 with distribution.scope():
     model = kt.build_transformer("tiny", vocabulary_size=16, dropout=args.dropout)
-    kt.training.compile_model(model, warmup_steps=20)
+    kt.training.compile_model(model, warmup_steps=20, accumulate=args.accumulate)
 
 
 class Record(keras.callbacks.Callback):

@@ -22,6 +22,14 @@ from keras_transformer.training.checkpoints import restore_latest
 from keras_transformer.training.step_hooks import StepHook
 
 
+def _replicas(model):
+    """The replicas of the TensorFlow strategy `model` was made under; 1
+    under the other backends."""
+    if keras.backend.backend() != "tensorflow":
+        return 1
+    return model.distribute_strategy.num_replicas_in_sync
+
+
 def compile_model(
     model,
     warmup_steps=4000,
@@ -83,6 +91,14 @@ def compile_model(
             f"Received: steps_per_execution={steps_per_execution}"
         )
     accumulate = check_count("accumulate", accumulate)
+    if accumulate > 1 and _replicas(model) > 1:
+        # Keras's accumulation wraps the update in a cond, inside which
+        # tf.distribute cannot merge the replicas' gradients.
+        raise ValueError(
+            f"accumulate={accumulate} over {_replicas(model)} TensorFlow replicas: Keras's gradient accumulation "
+            "does not run under a tf.distribute strategy. Expected accumulate=1 there (more tokens per device "
+            "instead), or the JAX backend, whose data parallelism accumulates."
+        )
     if ema is not None:
         if isinstance(ema, bool) or not isinstance(ema, (int, float)) or not 0.0 < ema < 1.0:
             raise ValueError(f"`ema` must be a decay in (0, 1), such as 0.9999. Received: ema={ema!r}")
