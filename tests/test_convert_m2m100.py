@@ -126,7 +126,7 @@ def test_unknown_codes_a_moe_checkpoint_and_a_bad_prefix_say_what_was_found(conv
 
 
 
-@in_one_pass("torch", "the export is a TensorFlow graph under every backend (test_export.py exports what each backend trained)")
+@in_one_pass("tensorflow", "the export is a TensorFlow graph under every backend (a TensorFlow process exports for the others)")
 def test_the_export_takes_each_text_s_languages_and_translates_as_the_translator_does(converted, tmp_path):
     import tensorflow as tf
 

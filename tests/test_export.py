@@ -325,7 +325,7 @@ def test_the_export_keeps_the_target_prefix_and_forced_eos(translator, tmp_path)
     assert all(text.startswith("Die Frau") for text in expected) and expected != translator.translate(texts)
 
 
-@in_one_pass("torch", "version folders; each backend's export is tested in every pass")
+@in_one_pass("tensorflow", "version folders; each backend's export is tested in every pass")
 def test_exports_go_to_new_versions_in_tf_serving_layout(translator, tmp_path, capsys):
     model_dir = tmp_path / "translator"
     translator.save(model_dir)
