@@ -135,6 +135,7 @@ def test_train_writes_its_curves_without_tensorflow(trained):
     assert [step for step, _ in scalars("train/tokens_per_second")] == [1, 2, 3, 4]
     assert [step for step, _ in scalars("train/gradient_norm")] == [1, 2, 3, 4]
     assert all(value > 0 for _, value in scalars("train/gradient_norm"))
+    assert "train/interval_gradient_norm" not in board.Tags()["scalars"]  # the last update's, no interval's mean
     assert scalars("valid/loss") == [(r["step"], round(r["val_loss"], 3)) for r in history]
     assert scalars("valid/chrf", 2) == [(r["step"], r["val_chrf"]) for r in history]  # the history's 2 digits
     texts = board.Tensors("valid/translations")

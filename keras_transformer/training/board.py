@@ -120,6 +120,8 @@ class WriteBoard(keras.callbacks.Callback):
         for key, value in (logs or {}).items():
             if key.endswith("target_tokens"):  # bookkeeping (tokens/s is the progress log's)
                 continue
+            if key == "gradient_norm":  # the last update's, not the interval's: the progress log writes it
+                continue
             tag = f"valid/{key[4:]}" if key.startswith("val_") else f"train/interval_{key}"
             values[tag] = float(value) if hasattr(value, "__float__") else value
         self.board.scalars(step, values)
