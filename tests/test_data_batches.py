@@ -164,7 +164,7 @@ def served(log):
     return [(int(step), digest) for step, digest in (line.split() for line in log.read_text().splitlines())]
 
 
-@in_one_pass("tensorflow", "the batch plan and training.fit's resume are NumPy and Python; each backend's exact resume is tested in-process in every pass")
+@in_one_pass("jax", "the batch plan and training.fit's resume are NumPy and Python; each backend's exact resume is tested in-process in every pass")
 def test_a_killed_run_resumes_on_the_batches_an_uninterrupted_run_sees(tmp_path):
     steps = 24
     killed = run(tmp_path / "run", steps, tmp_path / "killed.log", tmp_path / "unused.npz")
