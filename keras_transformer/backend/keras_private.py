@@ -91,8 +91,6 @@ class UpdateGradients:
     """Calls `self.record_update_gradients(grads)` with the gradients of each
     update, where Keras's optimizers clip them (the module's docstring)."""
 
-    hooked = None  # whether Keras calls the hook; set by `hooks_update_gradients`
-
     def _clip_gradients(self, grads):
         self.record_update_gradients(grads)
         return super()._clip_gradients(grads)
@@ -101,9 +99,9 @@ class UpdateGradients:
 def hooks_update_gradients():
     """Whether `UpdateGradients.record_update_gradients` is called by this
     Keras; warns once where it is not."""
-    if UpdateGradients.hooked is None:
-        UpdateGradients.hooked = _has_update_gradients_hook()
-        if not UpdateGradients.hooked:
+    if "update_gradients" not in _found:  # the cache `_keras_function` keeps
+        _found["update_gradients"] = _has_update_gradients_hook()
+        if not _found["update_gradients"]:
             import keras
 
             warnings.warn(
@@ -112,4 +110,4 @@ def hooks_update_gradients():
                 RuntimeWarning,
                 stacklevel=3,
             )
-    return UpdateGradients.hooked
+    return _found["update_gradients"]

@@ -382,13 +382,14 @@ class TokenBatches(keras.utils.PyDataset):
         first = absolute - absolute % self.accumulate
         last = first + self.accumulate if self.repeat else min(first + self.accumulate, self.batches_per_epoch)
         # The update's tokens, counted once for its N batches (asked for in turn).
-        group, total = self._update_tokens
-        if group != (epoch if not self.repeat else None, first):
+        update = (None if self.repeat else epoch, first)
+        counted, total = self._update_tokens
+        if counted != update:
             total = 0
             for other in range(first, last):
                 other_epoch, other_step = divmod(other, self.batches_per_epoch) if self.repeat else (epoch, other)
                 total += self._target_tokens(self._shard_members(other_epoch, other_step)[0])
-            self._update_tokens = ((epoch if not self.repeat else None, first), total)
+            self._update_tokens = (update, total)
         return (last - first) * self._target_tokens(members) / max(total, 1)
 
     def as_tf_dataset(self):

@@ -91,11 +91,12 @@ def compile_model(
             f"Received: steps_per_execution={steps_per_execution}"
         )
     accumulate = check_count("accumulate", accumulate)
-    if accumulate > 1 and _replicas(model) > 1:
+    replicas = _replicas(model)
+    if accumulate > 1 and replicas > 1:
         # Keras's accumulation wraps the update in a cond, inside which
         # tf.distribute cannot merge the replicas' gradients.
         raise ValueError(
-            f"accumulate={accumulate} over {_replicas(model)} TensorFlow replicas: Keras's gradient accumulation "
+            f"accumulate={accumulate} over {replicas} TensorFlow replicas: Keras's gradient accumulation "
             "does not run under a tf.distribute strategy. Expected accumulate=1 there (more tokens per device "
             "instead), or the JAX backend, whose data parallelism accumulates."
         )
