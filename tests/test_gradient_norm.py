@@ -6,6 +6,7 @@ import warnings
 import keras
 import numpy as np
 import pytest
+from conftest import in_one_pass
 
 import keras_transformer as kt
 from keras_transformer import training
@@ -49,6 +50,7 @@ def test_the_logged_norm_is_the_norm_of_the_update_s_gradient(accumulate):
     assert logged.norms[-1] == pytest.approx(first_update_norm(model), rel=1e-4)
 
 
+@in_one_pass("torch", "Keras's weights files, the same under every backend; each backend's norm is tested above")
 def test_without_asking_the_logs_are_keras_s_and_saved_files_are_keras_adam_s(tmp_path):
     keras.utils.set_random_seed(0)
     model = kt.build_transformer("tiny", vocabulary_size=V, num_layers=1)
