@@ -26,18 +26,31 @@ TOTAL = re.compile(r"^=== install and all passes: (\d+)s$")
 DURATION = re.compile(r"^(\d+\.\d+)s (setup|call|teardown)\s+(\S.*)$")
 PHASES = ("setup", "call", "teardown")
 SUMMARY = re.compile(r"^=+ (.*\b(?:passed|failed)\b.*) in [\d.]+s")
+# pytest's report of one failure: "____ test_name[param] ____", then its lines.
+FAILURE = re.compile(r"^_{3,} (\S.*?) _{3,}$")
+SECTION = re.compile(r"^={3,} .* ={3,}$")
 WITHOUT_TENSORFLOW = "torch-without-tensorflow"
+FAILURE_LINES = 30
+PLACE = re.compile(r"^\S+\.py:\d+: ")
 
 
 def new_pass():
-    return {"seconds": None, "summary": None, "tests": {}}
+    return {"seconds": None, "summary": None, "tests": {}, "failures": {}}
 
 
 def parse(text):
     """{pass: {"seconds", "summary", "tests": {node id: [setup, call, teardown]}}}
     and the total, in seconds."""
-    passes, current, total = {}, None, None
+    passes, current, total, failure = {}, None, None, None
     for line in text.splitlines():
+        if current is not None and (match := FAILURE.match(line)):
+            failure = current["failures"].setdefault(match[1], [])
+            continue
+        if SECTION.match(line) or line.startswith("=== "):
+            failure = None
+        elif failure is not None:
+            failure.append(line)
+            continue
         if match := PASS_START.match(line):
             current = passes.setdefault(match[1], new_pass())
         elif WITHOUT_TF_START.match(line):
@@ -71,7 +84,11 @@ def record(arguments):
         "command": "bash .ci/run",
         "machine": arguments.machine,
         "total_seconds": total,
-        "passes": {name: dict(p, tests=dict(sorted(p["tests"].items()))) for name, p in passes.items()},
+        "passes": {
+            name: {key: dict(sorted(value.items())) if key == "tests" else value
+                   for key, value in p.items() if value or key != "failures"}
+            for name, p in passes.items()
+        },
     }
     # One line a test, so that the next record's diff reads test by test.
     text = json.dumps(result, indent=1)
@@ -80,6 +97,12 @@ def record(arguments):
     for name, p in passes.items():
         print(f"{name}: {p['seconds']} s, {len(p['tests'])} tests timed, {p['summary']}")
     print(f"all passes: {total} s (record: {arguments.output})")
+    # What each failure ended with, where the tail of CI's log still shows it.
+    for name, p in passes.items():
+        for test, lines in p.get("failures", {}).items():
+            print(f"FAILED in the {name} pass: {test}")
+            for line in what_failed(lines):
+                print(f"  | {line[:300]}")
     if arguments.slowest:
         print(f"the {arguments.slowest} slowest tests:")
         for time, name, test in slowest(result, arguments.slowest):
@@ -90,6 +113,13 @@ def record(arguments):
         for number, word in re.findall(r"(\d+) (passed|failed|errors?|skipped|deselected)", p["summary"] or ""):
             counts[word.rstrip("s") if word.startswith("error") else word] += int(number)
     print(", ".join(f"{n} {word}" for word, n in counts.items() if n or word in ("passed", "failed")))
+
+
+def what_failed(lines):
+    """A failure's error lines ("E   ...") and the places it passed through,
+    else its last lines: the part that says what went wrong."""
+    said = [line for line in lines if line.startswith("E ") or PLACE.match(line)]
+    return (said or lines)[-FAILURE_LINES:]
 
 
 def seconds(phases):

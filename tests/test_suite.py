@@ -51,6 +51,16 @@ tests/test_a.py ..s                                                      [100%]
 =================== 2 passed, 1 skipped, 3 deselected in 14.20s ===================
 === KERAS_BACKEND=jax: exit 0 after 15s
 === KERAS_BACKEND=torch: FAILED
+=================================== FAILURES ===================================
+_________________________ test_loss[bucketed] __________________________
+    def test_loss():
+>       assert loss < 1
+E       AssertionError: loss 3.5
+E       assert 3.5 < 1
+tests/test_a.py:7: AssertionError
+----------------------------- Captured stderr call -----------------------------
+a warning the test printed
+============================= slowest durations ==============================
 2.00s call     tests/test_a.py::test_quick
 ========================= 1 failed, 1 passed in 3.00s ==========================
 === KERAS_BACKEND=torch: exit 1 after 4s
@@ -66,17 +76,21 @@ def test_durations_reads_each_pass_of_ci_s_output(tmp_path, capsys):
     passes, total = durations.parse(LOG)
     assert total == 80
     assert passes["jax"] == {
-        "seconds": 15, "summary": "2 passed, 1 skipped, 3 deselected",
+        "seconds": 15, "summary": "2 passed, 1 skipped, 3 deselected", "failures": {},
         "tests": {"tests/test_a.py::test_slow[64-bit ids past int32]": [1.25, 12.5, 0.01],
                   "tests/test_a.py::test_quick": [0.0, 0.3, 0.0]},
     }
     assert passes["torch"]["summary"] == "1 failed, 1 passed" and passes["torch"]["seconds"] == 4
+    assert passes["torch"]["failures"]["test_loss[bucketed]"][-3:] == [
+        "tests/test_a.py:7: AssertionError", "-" * 29 + " Captured stderr call " + "-" * 29, "a warning the test printed"]
     assert passes[durations.WITHOUT_TENSORFLOW]["tests"] == {"tests/test_b.py::test_data": [0.0, 0.5, 0.0]}
     (tmp_path / "ci.log").write_text(LOG)
     record = tmp_path / "record.json"
     assert durations.main(["record", str(tmp_path / "ci.log"), "-o", str(record), "--machine", "test", "--slowest", "1"]) == 0
     printed = capsys.readouterr().out.splitlines()
-    assert printed[-3:] == [  # the last line in the form CI reads a test runner's closing line
+    assert printed[-7:] == [  # the last line in the form CI reads a test runner's closing line
+        "FAILED in the torch pass: test_loss[bucketed]",  # what went wrong, where CI's tail shows it
+        "  | E       AssertionError: loss 3.5", "  | E       assert 3.5 < 1", "  | tests/test_a.py:7: AssertionError",
         "the 1 slowest tests:", "    13.8  jax          tests/test_a.py::test_slow[64-bit ids past int32]",
         "4 passed, 1 failed, 1 skipped, 3 deselected",
     ]
