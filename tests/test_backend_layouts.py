@@ -2,6 +2,7 @@
 
 import keras
 import numpy as np
+from conftest import in_one_pass
 from conftest import to_numpy
 from translation_fixtures import SENTENCES
 from translation_fixtures import model  # noqa: F401 (a fixture)
@@ -77,6 +78,9 @@ def test_a_row_by_a_kernel_in_linear_order_equals_keras_s_product_and_takes_oned
         assert not products.pays(row[0], kernel.contiguous())  # Keras's order: torch's addmm
 
 
+# Elsewhere `linear_order` changes nothing: the load is the plain one that
+# tests/test_translator_directory.py translates and trains in every pass.
+@in_one_pass("torch", "layouts.linear_order changes no kernel outside torch")
 def test_a_loaded_translator_lays_its_kernels_for_rows_translates_the_same_and_trains_the_same(
     model, tokenizer, tmp_path  # noqa: F811
 ):

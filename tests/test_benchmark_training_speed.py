@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from unittest import mock
 
 import keras
 import pytest
@@ -32,13 +33,15 @@ def load_benchmark():
     return module
 
 
+@in_one_pass("torch", "the tool's sizes, contenders, ratios and report; its runs of our model under JAX and "
+             "TensorFlow are the profiled turns' (and ours_jit's) below")
 def test_one_tiny_step_reports_tokens_per_second(tmp_path):
     out = tmp_path / "speed.json"
     # keras-hub's model is left out to stay within seconds: its compile would
     # double the time. The next test builds it.
     result = subprocess.run(
         [sys.executable, SCRIPT, "--size", "tiny", "--batch-size", "3", "--steps", "1",
-         "--rounds", "1", "--contenders", "torch", "--out", str(out),
+         "--rounds", "1", "--settle", "0", "--contenders", "torch", "--out", str(out),
          # torch's profiler, its GPU kernels summed (none on a CPU)
          *(["--profile"] if keras.backend.backend() == "torch" else [])],
         env=dict(os.environ, KERAS_BACKEND=keras.backend.backend(), TF_CPP_MIN_LOG_LEVEL="3"),
@@ -95,6 +98,7 @@ def benchmark_flops(shape):
     return load_benchmark().matmul_flops(**shape)
 
 
+@in_one_pass("torch", "the three models' parameter counts, the same under every backend")
 def test_contenders_have_our_size():
     pytest.importorskip("keras_hub")
     benchmark = load_benchmark()
@@ -133,7 +137,7 @@ def test_a_profiled_tensorflow_turn_sums_its_operations_by_part(tmp_path):
 
 
 @in_one_pass("jax", "the corpus's batching and the report's arithmetic, the same under every backend")
-def test_a_corpus_makes_bucketed_batches_whose_padding_the_report_leaves_out(tmp_path):
+def test_a_corpus_makes_bucketed_batches_whose_padding_the_report_leaves_out(tmp_path, capsys):
     """`--corpus`: batches of a real corpus's lengths, as `train` buckets
     them; target tokens are the real ones, and the FLOPs without padding
     are fewer than those the device computes."""
@@ -159,10 +163,7 @@ def test_a_corpus_makes_bucketed_batches_whose_padding_the_report_leaves_out(tmp
     assert report["target_tokens_per_step"] < max(rows * length for rows, _, length in report["batch_shapes"])
     ours = report["contenders"]["ours"]
     assert 0 < ours["mfu_without_padding"] < ours["mfu"]
-    bad = subprocess.run(
-        [sys.executable, SCRIPT, "--corpus", str(source), str(tmp_path / "missing.de")],
-        env=dict(os.environ, KERAS_BACKEND=keras.backend.backend()), capture_output=True, text=True, timeout=300,
-    )
+    bad = run_main(capsys, "--corpus", str(source), str(tmp_path / "missing.de"))
     assert bad.returncode == 2 and "--corpus: no such file" in bad.stderr
 
 
@@ -274,12 +275,12 @@ def test_a_profiled_jax_turn_reports_its_time_by_part_of_the_model(tmp_path):
 
 
 @in_one_pass("torch", "reads JSON reports and draws a PNG, the same under every backend")
-def test_the_plot_draws_each_ratio_found(tmp_path):
+def test_the_plot_draws_each_ratio_found(tmp_path, capsys):
     (tmp_path / "bucketing_tensorflow.json").write_text(json.dumps({"bucketed/padded": 1.7}))
     (tmp_path / "precision_jax.json").write_text(json.dumps({"mixed_bfloat16/float32": 0.8}))
     (tmp_path / "cpu_torch_small_float32.json").write_text(json.dumps({"ratios": {"ours/keras_hub": 1.25}}))
     out = tmp_path / "ratios.png"
-    result = run_plot("--results", str(tmp_path), "--out", str(out))
+    result = run_plot(capsys, "--results", str(tmp_path), "--out", str(out))
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     lines = result.stdout.splitlines()
     drawn = [line for line in lines if ": reading " not in line and not line.startswith("wrote")]
@@ -292,29 +293,41 @@ def test_the_plot_draws_each_ratio_found(tmp_path):
 
 
 @in_one_pass("torch", "reads JSON reports and draws a PNG, the same under every backend")
-def test_the_plot_prefers_the_named_runs(tmp_path):
+def test_the_plot_prefers_the_named_runs(tmp_path, capsys):
     (tmp_path / "precision_jax.json").write_text(json.dumps({"mixed_bfloat16/float32": 0.8}))
     (tmp_path / "precision_jax_new.json").write_text(json.dumps({"mixed_bfloat16/float32": 1.1}))
     (tmp_path / "precision_tensorflow.json").write_text(json.dumps({"mixed_bfloat16/float32": 1.2}))
     out = tmp_path / "ratios.png"
-    result = run_plot("--results", str(tmp_path), "--out", str(out), "--prefer", "new")
+    result = run_plot(capsys, "--results", str(tmp_path), "--out", str(out), "--prefer", "new")
     assert "mixed_bfloat16 / float32, Multi30k, jax: 1.10 (target 1.5)" in result.stdout
     assert "precision_jax.json: reading precision_jax_new.json" in result.stdout
     # Without a preferred run, the plain report is read.
     assert "mixed_bfloat16 / float32, Multi30k, tensorflow: 1.20 (target 1.5)" in result.stdout
     # And a folder without reports is an error, not an empty picture.
     (tmp_path / "empty").mkdir()
-    empty = run_plot("--results", str(tmp_path / "empty"), "--out", str(tmp_path / "empty.png"), check=False)
+    empty = run_plot(capsys, "--results", str(tmp_path / "empty"), "--out", str(tmp_path / "empty.png"), check=False)
     assert empty.returncode == 2 and "no benchmark results in" in empty.stderr
     assert not (tmp_path / "empty.png").exists()
 
 
-def run_plot(*arguments, check=True):
-    result = subprocess.run(
-        [sys.executable, SCRIPT, "--plot", *arguments],
-        env=dict(os.environ, KERAS_BACKEND=keras.backend.backend(), TF_CPP_MIN_LOG_LEVEL="3"),
-        capture_output=True, text=True, timeout=300,
-    )
+def run_plot(capsys, *arguments, check=True):
+    result = run_main(capsys, "--plot", *arguments)
     if check:
         assert result.returncode == 0, result.stderr[-3000:]
     return result
+
+
+def run_main(capsys, *arguments):
+    """`training_speed.py ARGUMENTS`, its `main` run in this process, for
+    runs that train nothing: the tool's start-up as a command is tested
+    above, and a process of its own would import the package again."""
+    benchmark = load_benchmark()
+    capsys.readouterr()  # what came before
+    with mock.patch.object(sys, "argv", [SCRIPT, *arguments]):
+        try:
+            benchmark.main()
+            returncode = 0
+        except SystemExit as exit_info:  # argparse's errors
+            returncode = exit_info.code
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(arguments, returncode, captured.out, captured.err)

@@ -31,7 +31,10 @@ def test_the_compiled_search_equals_the_search_through_keras_layer_calls(model, 
     neither may apply."""
     assert model.dropout > 0
     translator = Translator(model, tokenizer, beam_size=3, max_extra_length=6, quantize=quantize)
-    sentences = [s for s in SENTENCES if s.strip()]
+    # The sentences of under 20 pieces: the eager search through Keras's calls takes a step per output
+    # position, about 25 here against 42 with the longest sentences.
+    pieces = tokenizer.tokenize(SENTENCES)
+    sentences = [s for s, ids in zip(SENTENCES, pieces, strict=True) if s.strip() and len(ids) < 20]
     first = source_batch(tokenizer, sentences)
     second = source_batch(tokenizer, sentences[::-1])
     width = max(first.shape[1], second.shape[1])
@@ -283,7 +286,7 @@ def test_a_search_over_many_shapes_is_traced_once_per_shape(model):
     compiled = CompiledFunction(search, model, [2, 1])
     rng = np.random.default_rng(0)
     batches = []
-    for width in (4, 6, 8, 10, 12, 14):
+    for width in (4, 9, 14):  # three shapes of three phases each: searches, not shapes, cost the time
         source_ids = rng.integers(3, model.vocabulary_size, (1, width)).astype("int32")
         batches.append((source_ids, np.array([width + 40], "int32")))
     for _ in range(2 if compiled.loops is not None else 1):  # torch records at the second meeting
@@ -293,8 +296,8 @@ def test_a_search_over_many_shapes_is_traced_once_per_shape(model):
     loops = compiled.loops and compiled.loops.count
     if compiled.loops is not None:
         # The premise: a condition and a body for each of 3 phases (16, 32,
-        # width + 40) of 6 widths, more than a few.
-        assert loops == 6 * 3 * 2
+        # width + 40) of 3 widths, more than a few.
+        assert loops == 3 * 3 * 2
     for source_ids, limits in batches:
         compiled(source_ids, limits)
     if compiled.loops is not None:

@@ -10,6 +10,7 @@ import shutil
 import keras
 import numpy as np
 import pytest
+from conftest import in_one_pass
 
 from fsmt_fixtures import SENTENCES
 from fsmt_fixtures import fairseq_directory
@@ -223,6 +224,7 @@ def test_bad_checkpoints_say_what_was_found(published, tmp_path):
     _fails_cleanly(fairseq, output, r"No dict.de.txt beside model.pt.*found \['dict.en.txt'\]")
 
 
+@in_one_pass("tensorflow", "the tokenizer's check, before any export; the export is a TensorFlow graph under every backend")
 def test_export_says_moses_has_no_graph_op(converted, tmp_path):
     from keras_transformer.export import export_saved_model
 

@@ -245,8 +245,21 @@ def test_inputs_keras_would_convert_or_fail_on_are_clear_errors_everywhere(model
             entry()
 
 
+def _compiled_model():
+    return kt.training.compile_model(kt.build_transformer("tiny", vocabulary_size=V, num_layers=1))
+
+
+@pytest.fixture(scope="module")
+def reused_model():
+    """Under TensorFlow and torch, one compiled model for the tests whose
+    data fails inside `fit`: it stays usable after the error, so its steps
+    are compiled once, not once a test. None under JAX, where an error
+    inside Keras's loop leaves the model's variables unusable."""
+    return None if keras.backend.backend() == "jax" else _compiled_model()
+
+
 @pytest.mark.parametrize("case", ["64-bit ids past int32", "empty target", "batch sizes differ"])
-def test_a_dataset_of_bad_inputs_fails_clearly_as_it_runs(model, batch, case):
+def test_a_dataset_of_bad_inputs_fails_clearly_as_it_runs(reused_model, batch, case):
     """In a dataset, shapes and values are known only as it runs: under
     TensorFlow the graph checks them, under JAX the trace, under torch each
     call; 64-bit ids are checked in the pipeline, before JAX's int32."""
@@ -261,7 +274,7 @@ def test_a_dataset_of_bad_inputs_fails_clearly_as_it_runs(model, batch, case):
             tf.TensorSpec([None, None], tf.int32),
         ),
     )
-    kt.training.compile_model(model)
+    model = reused_model or _compiled_model()
     # Raised in the graph or the pipeline, the message names no position.
     message = {"64-bit ids past int32": r"`target_ids` holds (1 )?token id"}.get(case, message.split(".*")[0])
     with pytest.raises(Exception, match=message):
@@ -315,7 +328,7 @@ FORMS = ["arrays", "dataset", "generator", "py_dataset"]
 
 
 @pytest.mark.parametrize("form", FORMS)
-def test_bad_ids_fail_clearly_in_every_form_of_data(batch, form):
+def test_bad_ids_fail_clearly_in_every_form_of_data(reused_model, batch, form):
     """However the data comes, an id outside the vocabulary is an error that
     names the input; under JAX it is found on the host where it can be."""
     labels = batch["target_ids"]
@@ -331,10 +344,9 @@ def test_bad_ids_fail_clearly_in_every_form_of_data(batch, form):
         # One check serves all three there, the model's own in the step.
         runs = runs[:1]
     for run in runs:
-        # A fresh model for each: under JAX, an error inside Keras's loop
-        # leaves the model's variables unusable.
-        model = kt.training.compile_model(kt.build_transformer("tiny", vocabulary_size=V, num_layers=1))
-        run(model, batch)  # good data first: the compiled function is made, then reused
+        # A fresh model for each under JAX (`reused_model`).
+        model = reused_model or _compiled_model()
+        run(model, batch)  # good data first: the compiled function is made (or was), then reused
         with pytest.raises(Exception, match=message):
             run(model, bad)
 

@@ -3,10 +3,12 @@ English-French, Table 3's rows, and parsing; they guard their model
 directories and report bad input. (The quick start runs in test_readme.py,
 with the README's examples.)"""
 
+import importlib
 import json
 import os
 import subprocess
 import sys
+import types
 
 import keras
 import pytest
@@ -18,7 +20,34 @@ from conftest import PTB_SAMPLE, WMT14, in_one_pass, needs_multi30k, needs_ptb_s
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-WMT14_RECIPE = os.path.join(ROOT, "recipes", "wmt14_en_de.py")
+RECIPES = os.path.join(ROOT, "recipes")
+WMT14_RECIPE = os.path.join(RECIPES, "wmt14_en_de.py")
+
+
+def recipe(name, monkeypatch):
+    """The module of `recipes/<name>.py`, imported into this process."""
+    monkeypatch.syspath_prepend(RECIPES)
+    # A recipe quiets logs through the environment as it is imported; the
+    # value is undone after the test, for the processes later tests start.
+    monkeypatch.setenv("KERAS_TRANSFORMER_QUIET", "1")
+    return importlib.import_module(name)
+
+
+def run_in_process(capsys, call):
+    """A recipe's `main` called in this process, which saves the several
+    seconds of a process's start-up: its exit status, stdout and stderr as
+    the process's would be (`sys.exit("error: ...")` prints the line and
+    exits with 1). An exception fails the test, as a traceback would."""
+    capsys.readouterr()
+    code = 0
+    try:
+        call()
+    except SystemExit as exit:
+        code = exit.code
+    out, err = capsys.readouterr()
+    if isinstance(code, str):
+        return types.SimpleNamespace(returncode=1, stdout=out, stderr=err + code + "\n")
+    return types.SimpleNamespace(returncode=code or 0, stdout=out, stderr=err)
 
 
 def run_wmt14(*args, backend=None):
@@ -33,14 +62,19 @@ def run_wmt14(*args, backend=None):
 
 @in_one_pass("torch", "the recipe's files and steps; training under each backend is the quick start's test")
 @needs_wmt14
-def test_wmt14_recipe_runs_offline_and_refuses_a_used_model_dir(tmp_path):
+def test_wmt14_recipe_runs_offline_and_refuses_a_used_model_dir(tmp_path, capsys, monkeypatch):
     common = [
         "--data-dir", WMT14, "--preset", "tiny", "--tokens-per-device", "2048", "--tokens-per-update", "4096",
         "--vocabulary-size", "2000", "--checkpoint-every", "2", "--average", "2",
         "--valid-size", "16", "--test-size", "8", "--model-dir", tmp_path / "run",
     ]
+    wmt14 = recipe("wmt14_en_de", monkeypatch)
+
+    def run(*args):  # in this process; test_wmt14_recipe_reports_bad_input runs the script itself
+        return run_in_process(capsys, lambda: wmt14.main([str(a) for a in args]))
+
     # The options the GPU guide gives: fitted batch lengths, logging, kept checkpoints.
-    first = run_wmt14(*common, "--train-steps", "2", "--buckets", "2", "--log-every", "1", "--keep-checkpoints", "3")
+    first = run(*common, "--train-steps", "2", "--buckets", "2", "--log-every", "1", "--keep-checkpoints", "3")
     assert first.returncode == 0, first.stderr[-3000:]
     assert "step 1/2 |" in first.stdout
     # The update's tokens from the devices found: here one CPU, two batches an update.
@@ -55,53 +89,53 @@ def test_wmt14_recipe_runs_offline_and_refuses_a_used_model_dir(tmp_path):
     assert translator.tokenizer.vocabulary_size == 2000
     # The same model dir is refused without --resume. (Resuming is the
     # `train` command's code, tested after kill -9 in test_train_command.py.)
-    refused = run_wmt14(*common, "--train-steps", "4")
+    refused = run(*common, "--train-steps", "4")
     assert refused.returncode != 0
     assert "already holds a run" in refused.stderr and "--resume" in refused.stderr
 
 
 @in_one_pass("torch", "checks before any backend work")
-def test_wmt14_recipe_reports_bad_input(tmp_path):
-    unknown_preset = run_wmt14("--preset", "huge", "--model-dir", tmp_path / "a")
+def test_wmt14_recipe_reports_bad_input(tmp_path, capsys, monkeypatch):
+    wmt14 = recipe("wmt14_en_de", monkeypatch)
+
+    def run(*args):  # in this process
+        return run_in_process(capsys, lambda: wmt14.main([str(a) for a in args]))
+
+    unknown_preset = run("--preset", "huge", "--model-dir", tmp_path / "a")
     assert unknown_preset.returncode != 0 and "invalid choice: 'huge'" in unknown_preset.stderr
+    # The script as a process of its own: the backend is checked as it starts.
     unknown_backend = run_wmt14("--model-dir", tmp_path / "a", backend="mxnet")
     assert unknown_backend.returncode != 0
     assert "error: Unknown Keras backend 'mxnet'" in unknown_backend.stderr
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "newstest2013.en").write_text("x\n")
-    no_files = run_wmt14("--data-dir", tmp_path / "data", "--model-dir", tmp_path / "b")
+    no_files = run("--data-dir", tmp_path / "data", "--model-dir", tmp_path / "b")
     assert no_files.returncode != 0
     assert "lacks WMT14 files" in no_files.stderr and "Missing: newstest2008.en[.gz]" in no_files.stderr
 
 
 @in_one_pass("torch", "a check before any backend work")
-def test_quickstart_reports_a_vocabulary_its_corpus_cannot_give_in_one_line(tmp_path):
-    result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "recipes", "quickstart.py"), "--train-size", "50",
-         "--vocabulary-size", "5000"],
-        cwd=tmp_path, env=dict(os.environ, KERAS_BACKEND=keras.backend.backend()),
-        capture_output=True, text=True, timeout=300,
+def test_quickstart_reports_a_vocabulary_its_corpus_cannot_give_in_one_line(tmp_path, capsys, monkeypatch):
+    quickstart = recipe("quickstart", monkeypatch)
+    monkeypatch.chdir(tmp_path)  # its default model directory, runs/quickstart
+    result = run_in_process(
+        capsys, lambda: quickstart.main(quickstart.parse_args(["--train-size", "50", "--vocabulary-size", "5000"]))
     )
     assert result.returncode != 0 and "Traceback" not in result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error: SentencePiece could not train a vocabulary of 5000"), result.stderr[-2000:]
 
 
-TABLE3_RECIPE = os.path.join(ROOT, "recipes", "table3.py")
-
-
 @in_one_pass("torch", "the recipe's rows and table; the options it varies are tested under every backend")
 @needs_multi30k
-def test_table3_recipe_smoke_mode_writes_a_table_of_its_rows(tmp_path):
+def test_table3_recipe_smoke_mode_writes_a_table_of_its_rows(tmp_path, capsys, monkeypatch):
     raw = upstream_multi30k(tmp_path)  # as the upstream download comes: gzipped
+    table3 = recipe("table3", monkeypatch)
 
-    def run(table):
-        return subprocess.run(
-            [sys.executable, TABLE3_RECIPE, "--smoke", "--data-dir", raw,
-             "--out", str(tmp_path / "runs"), "--table", str(tmp_path / table)],
-            env=dict(os.environ, KERAS_BACKEND=keras.backend.backend()),
-            capture_output=True, text=True, timeout=900,
-        )  # fmt: skip
+    def run(table):  # in this process
+        return run_in_process(capsys, lambda: table3.main(
+            ["--smoke", "--data-dir", str(raw), "--out", str(tmp_path / "runs"), "--table", str(tmp_path / table)]
+        ))  # fmt: skip
 
     result = run("table3.md")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -120,11 +154,8 @@ def test_table3_recipe_smoke_mode_writes_a_table_of_its_rows(tmp_path):
     assert (tmp_path / "again.md").read_text() == table
 
 
-WMT14_EN_FR_RECIPE = os.path.join(ROOT, "recipes", "wmt14_en_fr.py")
-
-
 @in_one_pass("torch", "the recipe's files and steps; training under each backend is the quick start's test")
-def test_wmt14_en_fr_recipe_smoke_mode_runs_offline_on_local_files(tmp_path):
+def test_wmt14_en_fr_recipe_smoke_mode_runs_offline_on_local_files(tmp_path, capsys, monkeypatch):
     from keras_transformer.data import builtin_corpus
 
     # Any parallel text stands in for English-French here: the built-in
@@ -135,12 +166,12 @@ def test_wmt14_en_fr_recipe_smoke_mode_runs_offline_on_local_files(tmp_path):
         corpus = builtin_corpus("train", size=size, seed=len(split))
         (data / f"{split}.en").write_text("".join(s + "\n" for s in corpus.sources), encoding="utf-8")
         (data / f"{split}.fr").write_text("".join(t + "\n" for t in corpus.targets), encoding="utf-8")
-    result = subprocess.run(
-        [sys.executable, WMT14_EN_FR_RECIPE, "--smoke", "--data-dir", str(data),
-         "--vocabulary-size", "400", "--model-dir", str(tmp_path / "run")],
-        env=dict(os.environ, KERAS_BACKEND=keras.backend.backend()),
-        capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+    wmt14_en_fr = recipe("wmt14_en_fr", monkeypatch)
+    # In this process: what the script's last line runs.
+    result = run_in_process(capsys, lambda: wmt14_en_fr.wmt14_en_de.main(
+        ["--smoke", "--data-dir", str(data), "--vocabulary-size", "400", "--model-dir", str(tmp_path / "run")],
+        source_language="en", target_language="fr", defaults=wmt14_en_fr.EN_FR, description=wmt14_en_fr.__doc__,
+    ))  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "test (8 sentences), beam 4, alpha 0.6: BLEU = " in result.stdout
     assert "keras-transformer export --model-dir" in result.stdout and "--name wmt14_en_fr" in result.stdout
@@ -150,11 +181,6 @@ def test_wmt14_en_fr_recipe_smoke_mode_runs_offline_on_local_files(tmp_path):
     assert (translator.beam_size, translator.alpha) == (4, 0.6)
     # The smoke run is the tiny preset; the recipe's own model is section
     # 6.1's: big, with P_drop 0.1, 32,000 pieces, the last 20 checkpoints.
-    sys.path.insert(0, os.path.join(ROOT, "recipes"))
-    try:
-        import wmt14_en_fr
-    finally:
-        sys.path.pop(0)
     args = wmt14_en_fr.wmt14_en_de.parse_args(["--model-dir", "x"], wmt14_en_fr.EN_FR)
     config = wmt14_en_fr.wmt14_en_de.configuration(args, {s: [("a", "b")] for s in ("train", "valid", "test")})
     assert (config.preset, config.model, config.vocabulary_size, config.average) == ("big", {"dropout": 0.1}, 32000, 20)
@@ -170,20 +196,17 @@ def test_wmt14_pairs_name_their_tfds_dataset():
             tfds_name(source, target)
 
 
-PTB_RECIPE = os.path.join(ROOT, "recipes", "ptb_parsing.py")
-
-
 @in_one_pass("torch", "the recipe's split, training loop and scores; parsing is tested under every backend")
 @needs_ptb_sample
-def test_ptb_parsing_recipe_smoke_mode_trains_parses_and_scores(tmp_path):
+def test_ptb_parsing_recipe_smoke_mode_trains_parses_and_scores(tmp_path, capsys, monkeypatch):
     from keras_transformer.parsing import Tree
 
-    def run(*extra):
-        return subprocess.run(
-            [sys.executable, PTB_RECIPE, "--smoke", "--data-dir", PTB_SAMPLE, "--model-dir", str(tmp_path / "run"), *extra],
-            env=dict(os.environ, KERAS_BACKEND=keras.backend.backend()),
-            capture_output=True, text=True, timeout=900,
-        )  # fmt: skip
+    ptb_parsing = recipe("ptb_parsing", monkeypatch)
+
+    def run(*extra):  # in this process
+        return run_in_process(capsys, lambda: ptb_parsing.main(
+            ["--smoke", "--data-dir", PTB_SAMPLE, "--model-dir", str(tmp_path / "run"), *extra]
+        ))  # fmt: skip
 
     result = run()
     assert result.returncode == 0, result.stderr[-3000:]

@@ -79,8 +79,10 @@ def translate_json(**fields):
 def test_libretranslate_s_client_gets_what_translate_gives(served_dir):
     """LibreTranslate's own Python client, unchanged, against the server:
     each text as `Translator.translate` gives it, and the pair listed."""
-    translator = Translator.load(served_dir)
     with Server([served_dir]) as server:
+        # The served translator, loaded from served_dir: its own calls reuse what the server compiled.
+        translator, directory = server.translators[("en", "de")]
+        assert directory == served_dir
         client = libretranslatepy.LibreTranslateAPI(server.url)
         for text in TEXTS:
             assert client.translate(text, "en", "de") == translator.translate([text])[0]

@@ -21,6 +21,8 @@ import keras_transformer as kt
 from keras_transformer.training import TrainingConfig
 
 from conftest import in_one_pass, needs_multi30k, upstream_multi30k, write_reversal_files
+from test_recipes import recipe
+from test_recipes import run_in_process as recipe_in_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -31,6 +33,16 @@ def cli(*args, wait=True):
     if not wait:
         return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+
+
+def run_in_process(capsys, *args):
+    """`keras-transformer *args` run in this process (no start-up of its
+    own): what it printed on stdout. A one-line error fails the test."""
+    from keras_transformer.cli import main
+
+    capsys.readouterr()  # only this command's output
+    main([str(a) for a in args])
+    return capsys.readouterr().out
 
 
 @pytest.fixture(scope="module")
@@ -60,15 +72,15 @@ PROGRESS = re.compile(
 
 def test_train_writes_a_translator_directory_the_other_commands_take(files, tmp_path, capsys):
     model_dir = tmp_path / "run"
-    result = cli(*train_arguments(files, model_dir, "--train-steps", 7, "--checkpoint-every", 5,
-                                  "--average", 2, "--log-every", 2))
-    assert result.returncode == 0, result.stderr[-3000:]
-    steps = [int(m.group(1)) for m in PROGRESS.finditer(result.stdout)]
+    # In this process: the command's own process is tested after kill -9 below.
+    stdout = run_in_process(capsys, *train_arguments(files, model_dir, "--train-steps", 7, "--checkpoint-every", 5,
+                                                     "--average", 2, "--log-every", 2))
+    steps = [int(m.group(1)) for m in PROGRESS.finditer(stdout)]
     assert steps == [2, 4, 6, 7]
-    assert "ETA" in result.stdout
-    assert "batches: 9 lengths from 8 to 16 tokens (bucket_step 1.1)" in result.stdout
+    assert "ETA" in stdout
+    assert "batches: 9 lengths from 8 to 16 tokens (bucket_step 1.1)" in stdout
     # Validation translates with the saved translator's search (--beam-size 2).
-    assert re.search(r"checkpoint at step 5 \| valid loss [\d.]+ \| perplexity [\d.]+ \| BLEU [\d.]+ \| beam 2, alpha 0.6 on 6 sentences", result.stdout)
+    assert re.search(r"checkpoint at step 5 \| valid loss [\d.]+ \| perplexity [\d.]+ \| BLEU [\d.]+ \| beam 2, alpha 0.6 on 6 sentences", stdout)
     # It stopped at exactly 7 steps, with a checkpoint there, and averaged the last two.
     kept = sorted(os.listdir(model_dir / "checkpoints"))
     assert kept == ["ckpt-00000005.keras", "ckpt-00000007.keras"]
@@ -134,12 +146,11 @@ def test_a_saved_configuration_repeats_the_run_and_average_takes_any_checkpoints
     config = TrainingConfig.load(model_dir)
 
     # The saved configuration repeats the run, with options overriding it.
-    repeated = cli("train", "--config", model_dir / "train_config.json", "--model-dir", tmp_path / "again",
-                   "--train-steps", 2, "--checkpoint-every", 1, "--buckets", 2, "--average", 1,
-                   "--keep-checkpoints", 2)
-    assert repeated.returncode == 0, repeated.stderr[-3000:]
-    fitted = re.search(r"batches: ([12]) lengths? from (\d+) to (\d+) tokens \(fitted, buckets 2\)", repeated.stdout)
-    assert fitted and int(fitted[2]) <= int(fitted[3]) <= 16, re.findall("batches.*", repeated.stdout)
+    repeated = run_in_process(capsys, "train", "--config", model_dir / "train_config.json", "--model-dir",
+                              tmp_path / "again", "--train-steps", 2, "--checkpoint-every", 1, "--buckets", 2,
+                              "--average", 1, "--keep-checkpoints", 2)
+    fitted = re.search(r"batches: ([12]) lengths? from (\d+) to (\d+) tokens \(fitted, buckets 2\)", repeated)
+    assert fitted and int(fitted[2]) <= int(fitted[3]) <= 16, re.findall("batches.*", repeated)
     again = TrainingConfig.load(tmp_path / "again")
     assert again.to_dict() == config.to_dict() | {
         "model_dir": str(tmp_path / "again"), "train_steps": 2, "checkpoint_every": 1, "buckets": 2,
@@ -165,12 +176,12 @@ def progress_losses(stdout):
 
 
 @in_one_pass("torch", "the command's checkpoints and log; each backend's exact resume is tested in-process in every pass")
-def test_train_resumes_after_kill_9_and_the_loss_curve_continues(files, tmp_path):
+def test_train_resumes_after_kill_9_and_the_loss_curve_continues(files, tmp_path, capsys):
     # No validation BLEU: greedy search costs more than these steps under
     # torch, and its resume is tested in-process (test_training.py).
     common = ["--dropout", 0, "--checkpoint-every", 10, "--log-every", 5, "--average", 3, "--valid-bleu-sentences", 0]
-    whole = cli(*train_arguments(files, tmp_path / "whole", "--train-steps", 60, *common))
-    assert whole.returncode == 0, whole.stderr[-3000:]
+    # The reference run and the resumed ones in this process; the killed one is a process of its own.
+    whole = run_in_process(capsys, *train_arguments(files, tmp_path / "whole", "--train-steps", 60, *common))
 
     killed_dir = tmp_path / "killed"
     process = cli(*train_arguments(files, killed_dir, "--train-steps", 60, *common), wait=False)
@@ -189,10 +200,9 @@ def test_train_resumes_after_kill_9_and_the_loss_curve_continues(files, tmp_path
     # Without --resume the directory is refused; with it, the run goes on
     # from its own train_config.json alone.
     assert "Pass --resume" in cli_error(*train_arguments(files, killed_dir, "--train-steps", 60, *common))
-    resumed = cli("train", "--resume", "--model-dir", killed_dir)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"resuming from ckpt-{done:08d}.keras: step {done} of 60\n" in resumed.stdout
-    before, after, reference = progress_losses(stdout), progress_losses(resumed.stdout), progress_losses(whole.stdout)
+    resumed = run_in_process(capsys, "train", "--resume", "--model-dir", killed_dir)
+    assert f"resuming from ckpt-{done:08d}.keras: step {done} of 60\n" in resumed
+    before, after, reference = progress_losses(stdout), progress_losses(resumed), progress_losses(whole)
     # The curve continues where the checkpoint left it, not from the start ...
     assert min(after) == done + 5 and max(after) == 60
     for step, loss in after.items():
@@ -210,10 +220,9 @@ def test_train_resumes_after_kill_9_and_the_loss_curve_continues(files, tmp_path
                          kt.Translator.load(tmp_path / "whole").model.get_weights()):
         np.testing.assert_allclose(got, want, atol=1e-5)
     # Resumed once more, a finished run says so, trains nothing and succeeds.
-    again = cli("train", "--resume", "--model-dir", killed_dir)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "resuming from ckpt-00000060.keras: step 60 of 60; nothing left to train" in again.stdout
-    assert not PROGRESS.search(again.stdout) and "checkpoint at step" not in again.stdout
+    again = run_in_process(capsys, "train", "--resume", "--model-dir", killed_dir)
+    assert "resuming from ckpt-00000060.keras: step 60 of 60; nothing left to train" in again
+    assert not PROGRESS.search(again) and "checkpoint at step" not in again
 
 
 def cli_error(*args):
@@ -276,8 +285,10 @@ def test_train_takes_table_3_options(files, tmp_path):
     from keras_transformer.cli import main
 
     options = ["--key-dim", 8, "--value-dim", 24, "--position-encoding", "learned", "--attention-window", 2]
+    # No validation BLEU: the translation below searches with these options (one compile, not two).
     main([str(a) for a in train_arguments(
-        files, tmp_path / "run", "--train-steps", 2, "--checkpoint-every", 2, "--average", 1, *options
+        files, tmp_path / "run", "--train-steps", 2, "--checkpoint-every", 2, "--average", 1,
+        "--valid-bleu-sentences", 0, *options
     )])  # fmt: skip
     translator = kt.Translator.load(tmp_path / "run")
     config = translator.model.get_config()
@@ -316,16 +327,14 @@ def test_a_bad_argument_exits_without_a_traceback(files, tmp_path):
 
 @in_one_pass("torch", "the recipe's data, averaging and scoring; training under each backend is the quick start's test")
 @needs_multi30k
-def test_multi30k_recipe_smoke_mode_trains_and_scores_test2016(tmp_path):
+def test_multi30k_recipe_smoke_mode_trains_and_scores_test2016(tmp_path, capsys, monkeypatch):
     """From Multi30k laid out as github.com/multi30k/dataset's data/task1/raw
     comes: gzipped, the test set named test_2016_flickr."""
     raw = upstream_multi30k(tmp_path)
-    result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "recipes", "multi30k_en_de.py"), "--smoke",
-         "--direction", "de-en", "--data-dir", raw, "--model-dir", tmp_path / "run"],
-        env=dict(os.environ, KERAS_BACKEND=keras.backend.backend()),
-        capture_output=True, text=True, timeout=900,
-    )
+    multi30k = recipe("multi30k_en_de", monkeypatch)
+    result = recipe_in_process(capsys, lambda: multi30k.main(
+        ["--smoke", "--direction", "de-en", "--data-dir", str(raw), "--model-dir", str(tmp_path / "run")]
+    ))  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["direction"] == "de-en"
@@ -446,7 +455,7 @@ def test_a_torn_vocabulary_is_made_again_before_the_first_checkpoint_and_explain
 
 
 @in_one_pass("torch", "file writes are the same code on every backend")
-def test_a_full_disk_names_the_file_it_could_not_write_and_leaves_no_partial_file(files, tmp_path):
+def test_a_full_disk_names_the_file_it_could_not_write_and_leaves_no_partial_file(files, tmp_path, capsys):
     """A file-size limit (RLIMIT_FSIZE) fails writes as a full disk does: the
     vocabulary and the prepared text fit under it, a checkpoint does not."""
     import resource
@@ -455,7 +464,9 @@ def test_a_full_disk_names_the_file_it_could_not_write_and_leaves_no_partial_fil
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # fail the write, do not kill
         resource.setrlimit(resource.RLIMIT_FSIZE, (400_000, 400_000))
 
-    arguments = train_arguments(files, tmp_path / "run", "--train-steps", 4, "--checkpoint-every", 2)
+    # No validation BLEU: a search writes no file, and costs more than these steps under torch.
+    arguments = train_arguments(files, tmp_path / "run", "--train-steps", 4, "--checkpoint-every", 2,
+                                "--valid-bleu-sentences", 0)
     command = [sys.executable, "-m", "keras_transformer", *map(str, arguments)]
     env = dict(os.environ, KERAS_BACKEND=keras.backend.backend())
     full = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, preexec_fn=full_past_400_kb)
@@ -464,9 +475,8 @@ def test_a_full_disk_names_the_file_it_could_not_write_and_leaves_no_partial_fil
         f"error: Cannot write {tmp_path / 'run' / 'checkpoints' / 'ckpt-00000002.keras'}: File too large"
     ]
     assert not [name for _, _, names in os.walk(tmp_path / "run") for name in names if name.startswith(".partial")]
-    # With room again, the same run resumes to its end.
-    resumed = cli("train", "--resume", "--model-dir", tmp_path / "run")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # With room again, the same run resumes to its end (in this process).
+    run_in_process(capsys, "train", "--resume", "--model-dir", tmp_path / "run")
     assert (tmp_path / "run" / "model.keras").is_file()
 
 
@@ -487,15 +497,14 @@ def test_a_repeated_run_under_jax_compiles_nothing_again(files, tmp_path):
 
 
 @in_one_pass("jax", "which pairs are held out, and the files; each backend's training is tested above")
-def test_validation_pairs_held_out_of_the_training_files(files, tmp_path):
+def test_validation_pairs_held_out_of_the_training_files(files, tmp_path, capsys):
     arguments = train_arguments(files, tmp_path / "run", "--train-steps", 1, "--valid-fraction", 0.1)
     for option in ("--valid-source", "--valid-target"):
         del arguments[arguments.index(option) : arguments.index(option) + 2]
-    result = cli(*arguments)
-    assert result.returncode == 0, result.stderr[-3000:]
+    stdout = run_in_process(capsys, *arguments)
     held = (tmp_path / "run" / "data" / "held_out.source").read_text().splitlines()
     assert 10 <= len(held) <= 50  # about 30 of 300
-    assert f"train: {300 - len(held)} pairs" in result.stdout and f"valid (held out): {len(held)} pairs" in result.stdout
+    assert f"train: {300 - len(held)} pairs" in stdout and f"valid (held out): {len(held)} pairs" in stdout
     assert TrainingConfig.load(tmp_path / "run").valid_fraction == 0.1
     # A new run in a folder prepared with another fraction, or other files, prepares again.
     from keras_transformer.training.run import _prepared_for
@@ -555,12 +564,10 @@ def test_a_configuration_file_with_a_wrong_type_is_one_error_naming_the_file_and
 
 
 @in_one_pass("torch", "the recipe's check of its files, before any backend work")
-def test_multi30k_recipe_without_its_data_says_where_to_get_it(tmp_path):
-    result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "recipes", "multi30k_en_de.py"),
-         "--data-dir", tmp_path / "nowhere", "--model-dir", tmp_path / "run"],
-        env=dict(os.environ, KERAS_BACKEND=keras.backend.backend()),
-        capture_output=True, text=True, timeout=300,
+def test_multi30k_recipe_without_its_data_says_where_to_get_it(tmp_path, capsys, monkeypatch):
+    multi30k = recipe("multi30k_en_de", monkeypatch)
+    result = recipe_in_process(  # its exit status and output as the process's would be
+        capsys, lambda: multi30k.main(["--data-dir", str(tmp_path / "nowhere"), "--model-dir", str(tmp_path / "run")])
     )
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1] == (
@@ -572,10 +579,10 @@ def test_multi30k_recipe_without_its_data_says_where_to_get_it(tmp_path):
 
 
 @in_one_pass("jax", "the command's resume lines; reading checkpoints is tested in-process in every pass")
-def test_resume_names_only_checkpoints_that_loaded_and_skips_damaged_or_refused_ones(files, tmp_path):
+def test_resume_names_only_checkpoints_that_loaded_and_skips_damaged_or_refused_ones(files, tmp_path, capsys):
     common = ["--train-steps", 8, "--checkpoint-every", 4, "--average", 2, "--valid-bleu-sentences", 0, "--dropout", 0]
-    first = cli(*train_arguments(files, tmp_path / "run", *common))
-    assert first.returncode == 0, first.stderr[-3000:]
+    # The first run in this process; the resumed one is a command, whose warnings are `warning:` lines.
+    run_in_process(capsys, *train_arguments(files, tmp_path / "run", *common))
 
     # The newest checkpoint cut short, and a file named for a later step that
     # safe mode refuses (a Python lambda): both skipped with a warning that
@@ -597,7 +604,7 @@ def test_resume_names_only_checkpoints_that_loaded_and_skips_damaged_or_refused_
 
 
 @in_one_pass("torch", "the model directory's lock: file code, the same on every backend")
-def test_a_second_run_into_a_directory_in_use_is_refused_and_touches_nothing(files, tmp_path):
+def test_a_second_run_into_a_directory_in_use_is_refused_and_touches_nothing(files, tmp_path, capsys):
     """A run is frozen (SIGSTOP) after its first checkpoint; another run
     pointed at its directory, new or resumed, exits with one `error:` line
     naming the first, and every file of the first stays as it was. Once
@@ -627,6 +634,6 @@ def test_a_second_run_into_a_directory_in_use_is_refused_and_touches_nothing(fil
         first.send_signal(signal.SIGKILL)
         first.send_signal(signal.SIGCONT)
         first.communicate()
-    again = cli(*train_arguments(files, model_dir, "--train-steps", 5, "--valid-bleu-sentences", 0), "--resume")
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "resuming from ckpt-00000005.keras" in again.stdout
+    again = run_in_process(capsys, *train_arguments(files, model_dir, "--train-steps", 5, "--valid-bleu-sentences", 0),
+                           "--resume")
+    assert "resuming from ckpt-00000005.keras" in again

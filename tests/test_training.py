@@ -17,6 +17,7 @@ import keras_transformer as kt
 from keras_transformer import training
 from keras_transformer.checks import check_count
 
+import train_process
 from conftest import in_one_pass, to_numpy
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_process.py")
@@ -378,7 +379,8 @@ def test_with_dropout_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_on
 def test_kill_9_at_random_points_and_the_run_ends_as_an_uninterrupted_one(tmp_path):
     steps, every = 60, 2  # a checkpoint write every other step
     arguments = ("--dropout", "0.2")
-    reference = run(tmp_path / "whole", steps, every, tmp_path / "whole.npz", *arguments)
+    # The uninterrupted reference needs no process of its own: the same run, here.
+    reference = train_process.train(tmp_path / "whole", steps, every, dropout=0.2)
     checkpoints = tmp_path / "killed" / "checkpoints"
 
     def newest_step():
@@ -480,7 +482,7 @@ def test_a_model_dir_of_another_model_is_refused(tmp_path):
 def test_jax_data_parallel_over_two_devices_matches_one_device(tmp_path):
     """Updates of 2 batches each (`accumulate=2`: Keras's accumulation
     inside the step JAX shards), on one device and on two."""
-    single = run(tmp_path / "one", 6, 3, tmp_path / "one.npz", "--accumulate", "2")
+    single = train_process.train(tmp_path / "one", 6, 3, accumulate=2)  # one device: this process's
     double = run(
         tmp_path / "two", 6, 3, tmp_path / "two.npz", "--devices", "2", "--accumulate", "2",
         env={"XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2"},

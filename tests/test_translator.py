@@ -136,20 +136,26 @@ def test_warm_up_compiles_every_shape_so_translating_compiles_nothing(model, tok
     # Forced tokens too: torch's warm-up records with an EOS id of -1, which a forced EOS must not index.
     # A batch of 8 sheds its first half (beam_search.SHED_FROM): the loops of the half left are warmed up too.
     settings = {"force_eos": True, "target_prefix": tokenizer.tokenize_target(["Die"])[0]} if forced else {}
-    translator = Translator(model, tokenizer, beam_size=2, batch_size=batch_size, max_source_length=40,
+    # Three source buckets, not five: each is a program per row count to compile (or, under torch, to
+    # record). The sentences that fit them, an empty and a blank one among them, decode in the buckets
+    # 8 and 18, whose programs grow their caches in two and three phases.
+    translator = Translator(model, tokenizer, beam_size=2, batch_size=batch_size, max_source_length=18,
                             max_extra_length=20, **settings)
-    assert translator.source_lengths == [8, 12, 18, 27, 40] and translator.row_counts() == [1, 2, 4, 8][
+    fitting = [s for s, ids in zip(SENTENCES, tokenizer.tokenize(SENTENCES), strict=True) if len(ids) < 18]
+    sentences = sorted(fitting, key=lambda s: not s.strip())  # the two to translate as a batch first
+    assert translator.source_lengths == [8, 12, 18] and translator.row_counts() == [1, 2, 4, 8][
         : 2 + 2 * (batch_size == 8)]
-    expected = Translator(model, tokenizer, beam_size=2, max_extra_length=20, **settings).n_best(SENTENCES)
+    assert [len(s.strip()) > 0 for s in sentences] == [True, True, False, False]  # the premise
+    expected = Translator(model, tokenizer, beam_size=2, max_extra_length=20, **settings).n_best(sentences)
     compiled = translator._search
     programs, seconds = translator.warm_up()
-    assert programs == 5 * len(translator.row_counts()) and seconds > 0
+    assert programs == 3 * len(translator.row_counts()) and seconds > 0
     traces = compiled.traces
     recorded = compiled.loops and (compiled.loops.count, compiled.loops.eager)
-    got = [translator.n_best([sentence])[0] for sentence in SENTENCES] + translator.n_best(SENTENCES[:2])
+    got = [translator.n_best([sentence])[0] for sentence in sentences] + translator.n_best(sentences[:2])
     wanted_all = expected + expected[:2]
     if batch_size == 8:  # 12 sentences: a batch of 8, one of 4
-        got, wanted_all = got + translator.n_best(SENTENCES * 2), wanted_all + expected * 2
+        got, wanted_all = got + translator.n_best(sentences * 6), wanted_all + expected * 6
     for hypotheses, wanted in zip(got, wanted_all, strict=True):
         assert [t for t, _ in hypotheses] == [t for t, _ in wanted]
     if compiled.loops is None:  # compiled per shape (or once for all, TensorFlow without XLA)

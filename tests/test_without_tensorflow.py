@@ -1,6 +1,6 @@
 """Under JAX and PyTorch the package trains, resumes, translates, evaluates
-and plots with no TensorFlow: each command runs in a process in which
-`import tensorflow` fails (tests/without_tensorflow/sitecustomize.py)."""
+and plots with no TensorFlow: the commands run, one after another, in a
+process in which `import tensorflow` fails (tests/without_tensorflow/sitecustomize.py)."""
 
 import os
 import subprocess
@@ -28,16 +28,10 @@ def without_tensorflow():
     return environment
 
 
-def cli(*arguments):
-    return subprocess.run(
-        [sys.executable, "-m", "keras_transformer", *map(str, arguments)],
-        capture_output=True, text=True, env=without_tensorflow(), timeout=600,
-    )
-
-
 # Several commands in one process without TensorFlow: each is `main(args)`,
-# its output and exit status kept apart. One start and one model load
-# instead of one a command.
+# its output and exit status kept apart, the status as a process of its own
+# would end with (`SystemExit("error: ...")` prints the line and exits 1).
+# One start instead of one a command.
 COMMANDS_SCRIPT = """
 import contextlib, io, json, sys
 from keras_transformer.cli import main
@@ -49,7 +43,9 @@ for arguments in json.loads(sys.argv[1]):
             main(arguments)
         except SystemExit as exit:
             code = exit.code
-    results.append({"returncode": code, "stdout": out.getvalue(), "stderr": err.getvalue() + (code if isinstance(code, str) else "")})
+    message = code + "\\n" if isinstance(code, str) else ""
+    code = 1 if message else code or 0
+    results.append({"returncode": code, "stdout": out.getvalue(), "stderr": err.getvalue() + message})
 print(json.dumps(results))
 """
 
@@ -74,6 +70,9 @@ def write(path, lines):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
+    """A run trained, resumed, and then used by the other commands (translate,
+    evaluate, plot-attention, export), all in one process without TensorFlow:
+    the model directory, and each command's result by its name."""
     directory = tmp_path_factory.mktemp("without_tensorflow")
     train, valid = builtin_corpus("train", size=300, seed=4), builtin_corpus("valid", size=20)
     files = {
@@ -81,6 +80,7 @@ def trained(tmp_path_factory):
         for name, lines in (
             ("train.en", train.sources), ("train.de", train.targets),
             ("valid.en", valid.sources), ("valid.de", valid.targets),
+            ("test.en", builtin_corpus("test", size=3).sources), ("test.de", builtin_corpus("test", size=3).targets),
         )
     }
     model_dir = directory / "run"
@@ -88,18 +88,26 @@ def trained(tmp_path_factory):
               "--tokens-per-batch", 1024, "--max-tokens", 48, "--checkpoint-every", 2,
               "--valid-bleu-sentences", 2, "--valid-metrics", "loss", "chrf", "--log-every", 1, "--beam-size", 2,
               "--max-extra-length", 4]
-    first = cli("train", "--train-source", files["train.en"], "--train-target", files["train.de"],
-                "--valid-source", files["valid.en"], "--valid-target", files["valid.de"],
-                "--train-steps", 2, *common)
-    assert first.returncode == 0, first.stdout + first.stderr
-    resumed = cli("train", "--resume", "--model-dir", model_dir, "--train-steps", 4)
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    return directory, model_dir, first, resumed
+    names = ("first", "resumed", "translated", "evaluated", "plotted", "exported")
+    results = dict(zip(names, commands(
+        ["train", "--train-source", files["train.en"], "--train-target", files["train.de"],
+         "--valid-source", files["valid.en"], "--valid-target", files["valid.de"], "--train-steps", 2, *common],
+        ["train", "--resume", "--model-dir", model_dir, "--train-steps", 4],
+        ["translate", "--model-dir", model_dir, "--input", files["test.en"]],
+        ["evaluate", "--model-dir", model_dir, "--source", files["test.en"], "--reference", files["test.de"]],
+        ["plot-attention", "--model-dir", model_dir, "--text", builtin_corpus("test", size=3).sources[0],
+         "--output", directory / "attention.png"],
+        ["export", "--model-dir", model_dir, "--output", model_dir / "exported"],
+    ), strict=True))
+    for name in ("first", "resumed"):
+        assert results[name].returncode == 0, results[name].stdout + results[name].stderr
+    return directory, model_dir, results
 
 
-@slow  # needs `trained`, two training processes
+@slow  # needs `trained`, two training runs
 def test_train_and_resume_without_tensorflow(trained):
-    _, model_dir, first, resumed = trained
+    _, model_dir, results = trained
+    first, resumed = results["first"], results["resumed"]
     assert "prepared the training text into" in first.stdout
     assert "checkpoint at step 2" in first.stdout
     # The resumed run reads the prepared arrays, not the text, and goes on.
@@ -109,9 +117,10 @@ def test_train_and_resume_without_tensorflow(trained):
     assert (model_dir / "model.keras").is_file()
 
 
-@slow  # needs `trained`, two training processes
+@slow  # needs `trained`, two training runs
 def test_train_writes_its_curves_without_tensorflow(trained):
-    _, model_dir, first, resumed = trained
+    _, model_dir, results = trained
+    first, resumed = results["first"], results["resumed"]
     curve = kt_training.read_curve(model_dir / "train_curve.csv")
     assert [row["step"] for row in curve] == [1, 2, 3, 4]
     shown = [float(line.split("loss ")[1].split()[0]) for line in (first.stdout + resumed.stdout).splitlines()
@@ -143,29 +152,21 @@ def test_train_writes_its_curves_without_tensorflow(trained):
     assert texts[-1].tensor_proto.string_val[0].decode().startswith("| source | translation | reference |")
 
 
-@slow  # needs `trained`, two training processes
+@slow  # needs `trained`, two training runs
 def test_translate_evaluate_and_plot_without_tensorflow(trained):
-    directory, model_dir, _, _ = trained
-    sources = builtin_corpus("test", size=3).sources
-    source = write(directory / "test.en", sources)
-    translated, evaluated, plotted = commands(
-        ["translate", "--model-dir", model_dir, "--input", source],
-        ["evaluate", "--model-dir", model_dir, "--source", source,
-         "--reference", write(directory / "test.de", builtin_corpus("test", size=3).targets)],
-        ["plot-attention", "--model-dir", model_dir, "--text", sources[0], "--output", directory / "attention.png"],
-    )
-    assert translated.returncode in (0, None), translated.stderr
-    assert len(translated.stdout.splitlines()) == len(sources)
-    assert evaluated.returncode in (0, None), evaluated.stderr
+    directory, _, results = trained
+    translated, evaluated, plotted = results["translated"], results["evaluated"], results["plotted"]
+    assert translated.returncode == 0, translated.stderr
+    assert len(translated.stdout.splitlines()) == len(builtin_corpus("test", size=3).sources)
+    assert evaluated.returncode == 0, evaluated.stderr
     assert "BLEU" in evaluated.stdout and "chrF" in evaluated.stdout
-    assert plotted.returncode in (0, None), plotted.stderr
+    assert plotted.returncode == 0, plotted.stderr
     assert (directory / "attention.png").read_bytes()[:4] == b"\x89PNG"
 
 
-@slow  # needs `trained`, two training processes
+@slow  # needs `trained`, two training runs
 def test_export_says_what_to_install(trained):
-    _, model_dir, _, _ = trained
-    exported = cli("export", "--model-dir", model_dir, "--output", model_dir / "exported")
+    exported = trained[2]["exported"]
     assert exported.returncode == 1
     assert exported.stderr.strip().splitlines() == [exported.stderr.strip().splitlines()[-1]]
     assert exported.stderr.startswith("error: export writes a TensorFlow SavedModel")

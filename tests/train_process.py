@@ -11,6 +11,9 @@ JAX host devices when XLA_FLAGS asks for them). `--fixed-length` gives every
 sequence the same length, so every replica holds as many tokens.
 `--worker I --ports P0,P1` makes this process worker I of a
 MultiWorkerMirroredStrategy cluster on 127.0.0.1.
+
+`train(...)` is the same run on one device in the calling process: the
+tests' single-device references, which need no process of their own.
 """
 
 import argparse
@@ -21,76 +24,82 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-parser = argparse.ArgumentParser()
-parser.add_argument("model_dir")
-parser.add_argument("steps", type=int)
-parser.add_argument("checkpoint_every", type=int)
-parser.add_argument("output")
-parser.add_argument("--devices", type=int, default=1)
-parser.add_argument("--fixed-length", action="store_true")
-parser.add_argument("--dropout", type=float, default=0.0)
-parser.add_argument("--accumulate", type=int, default=1, help="batches per update")
-parser.add_argument("--worker", type=int, help="this worker's index")
-parser.add_argument("--ports", help="comma-separated 127.0.0.1 ports, one per worker")
-args = parser.parse_args()
 
-if args.worker is not None:
-    # Several machines, simulated by processes on this one.
-    os.environ["TF_CONFIG"] = json.dumps(
-        {
-            "cluster": {"worker": [f"127.0.0.1:{p}" for p in args.ports.split(",")]},
-            "task": {"type": "worker", "index": args.worker},
-        }
+def train(model_dir, steps, checkpoint_every, devices=None, fixed_length=False, dropout=0.0, accumulate=1):
+    """The run; returns what the command writes to WEIGHTS.npz, as a dict."""
+    import keras_transformer as kt  # after the command has set up its devices
+
+    keras.utils.set_random_seed(0)
+    distribution = kt.training.Distribution(devices)
+    min_length = 10 if fixed_length else 3
+    inputs, labels = kt.data.reversal_task(640, 16, min_length=min_length, seed=0)
+    dataset = (
+        tf.data.Dataset.from_tensor_slices((inputs, labels))
+        .repeat()
+        .batch(32)
     )
+    with distribution.scope():
+        model = kt.build_transformer("tiny", vocabulary_size=16, dropout=dropout)
+        kt.training.compile_model(model, warmup_steps=20, accumulate=accumulate)
 
-devices = None
-if args.devices > 1 and keras.backend.backend() == "tensorflow":
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(
-        cpu, [tf.config.LogicalDeviceConfiguration()] * args.devices
-    )
-    devices = [f"/cpu:{i}" for i in range(args.devices)]
-elif args.devices > 1 and keras.backend.backend() == "jax":
-    import jax
-
-    devices = jax.devices()[: args.devices]
-
-import keras_transformer as kt  # noqa: E402
-
-keras.utils.set_random_seed(0)
-distribution = kt.training.Distribution(devices)
-min_length = 10 if args.fixed_length else 3
-inputs, labels = kt.data.reversal_task(640, 16, min_length=min_length, seed=0)
-dataset = (
-    tf.data.Dataset.from_tensor_slices((inputs, labels))
-    .repeat()
-    .batch(32)
-)
-with distribution.scope():
-    model = kt.build_transformer("tiny", vocabulary_size=16, dropout=args.dropout)
-    kt.training.compile_model(model, warmup_steps=20, accumulate=args.accumulate)
-
-
-class Record(keras.callbacks.Callback):
     losses = []
 
-    def on_train_batch_end(self, batch, logs=None):
-        self.losses.append(float(logs["loss"]))
+    class Record(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            losses.append(float(logs["loss"]))
+
+    model = kt.training.fit(
+        model,
+        dataset,
+        model_dir,
+        steps,
+        checkpoint_every=checkpoint_every,
+        callbacks=[Record()],
+        verbose=0,
+    )
+    return dict(
+        losses=np.array(losses),
+        step=int(keras.ops.convert_to_numpy(model.optimizer.iterations)),
+        replicas=distribution.num_replicas,
+        **{f"w{i}": w for i, w in enumerate(model.get_weights())},
+    )
 
 
-model = kt.training.fit(
-    model,
-    dataset,
-    args.model_dir,
-    args.steps,
-    checkpoint_every=args.checkpoint_every,
-    callbacks=[Record()],
-    verbose=0,
-)
-np.savez(
-    args.output,
-    losses=np.array(Record.losses),
-    step=int(keras.ops.convert_to_numpy(model.optimizer.iterations)),
-    replicas=distribution.num_replicas,
-    **{f"w{i}": w for i, w in enumerate(model.get_weights())},
-)
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model_dir")
+    parser.add_argument("steps", type=int)
+    parser.add_argument("checkpoint_every", type=int)
+    parser.add_argument("output")
+    parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument("--fixed-length", action="store_true")
+    parser.add_argument("--dropout", type=float, default=0.0)
+    parser.add_argument("--accumulate", type=int, default=1, help="batches per update")
+    parser.add_argument("--worker", type=int, help="this worker's index")
+    parser.add_argument("--ports", help="comma-separated 127.0.0.1 ports, one per worker")
+    args = parser.parse_args()
+
+    if args.worker is not None:
+        # Several machines, simulated by processes on this one.
+        os.environ["TF_CONFIG"] = json.dumps(
+            {
+                "cluster": {"worker": [f"127.0.0.1:{p}" for p in args.ports.split(",")]},
+                "task": {"type": "worker", "index": args.worker},
+            }
+        )
+
+    devices = None
+    if args.devices > 1 and keras.backend.backend() == "tensorflow":
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * args.devices
+        )
+        devices = [f"/cpu:{i}" for i in range(args.devices)]
+    elif args.devices > 1 and keras.backend.backend() == "jax":
+        import jax
+
+        devices = jax.devices()[: args.devices]
+
+    result = train(args.model_dir, args.steps, args.checkpoint_every, devices, args.fixed_length, args.dropout,
+                   args.accumulate)
+    np.savez(args.output, **result)

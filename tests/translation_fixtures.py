@@ -30,12 +30,18 @@ def make_tokenizer():
     return SubwordTokenizer.train(builtin_corpus("train", size=300, seed=0), 400)
 
 
+# The seed whose model varied first under each backend, in CI's record (else 7).
+FIRST_SEED = {"tensorflow": 8}
+
+
 def make_model(tokenizer):
     """An untrained tiny model that ends its outputs after different numbers
     of steps: EOS gets the (shared) embedding of a token the model emits
     often, plus noise, so that the two compete. Random weights differ by
-    backend, so seeds are tried until the outputs vary as the tests need."""
-    for seed in range(7, 40):
+    backend, so seeds are tried until the outputs vary as the tests need,
+    first the one that did under this backend (each try is several searches)."""
+    first = FIRST_SEED.get(keras.backend.backend(), 7)
+    for seed in [first] + [seed for seed in range(7, 40) if seed != first]:
         keras.utils.set_random_seed(seed)
         model = kt.build_transformer("tiny", vocabulary_size=tokenizer.vocabulary_size)
         translator = Translator(model, tokenizer, beam_size=3, batch_size=4, max_extra_length=6)
