@@ -217,6 +217,25 @@ def in_passes(backends, why):
     )
 
 
+def as_a_process(capsys, call):
+    """`call()` (a script's `main`) run in this process, which saves the
+    seconds of a start-up: its exit status, stdout and stderr as the
+    process's would be (`sys.exit("error: ...")` prints the line and exits
+    with 1). Another exception fails the test, as a traceback would."""
+    import subprocess
+
+    capsys.readouterr()  # what came before
+    code = 0
+    try:
+        call()
+    except SystemExit as exit:
+        code = exit.code
+    out, err = capsys.readouterr()
+    if isinstance(code, str):
+        return subprocess.CompletedProcess([], 1, out, err + code + "\n")
+    return subprocess.CompletedProcess([], code or 0, out, err)
+
+
 def in_one_pass(backend, why):
     return in_passes((backend,), why)
 

@@ -11,7 +11,7 @@ from unittest import mock
 
 import keras
 import pytest
-from conftest import in_one_pass, torch_operations
+from conftest import as_a_process, in_one_pass, torch_operations
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "training_speed.py")
 
@@ -322,12 +322,5 @@ def run_main(capsys, *arguments):
     runs that train nothing: the tool's start-up as a command is tested
     above, and a process of its own would import the package again."""
     benchmark = load_benchmark()
-    capsys.readouterr()  # what came before
     with mock.patch.object(sys, "argv", [SCRIPT, *arguments]):
-        try:
-            benchmark.main()
-            returncode = 0
-        except SystemExit as exit_info:  # argparse's errors
-            returncode = exit_info.code
-    captured = capsys.readouterr()
-    return subprocess.CompletedProcess(arguments, returncode, captured.out, captured.err)
+        return as_a_process(capsys, benchmark.main)

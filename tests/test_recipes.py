@@ -8,14 +8,14 @@ import json
 import os
 import subprocess
 import sys
-import types
 
 import keras
 import pytest
 
 import keras_transformer as kt
 
-from conftest import PTB_SAMPLE, WMT14, in_one_pass, needs_multi30k, needs_ptb_sample, needs_wmt14, upstream_multi30k
+from conftest import PTB_SAMPLE, WMT14, as_a_process, in_one_pass, needs_multi30k, needs_ptb_sample, needs_wmt14
+from conftest import upstream_multi30k
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -32,22 +32,6 @@ def recipe(name, monkeypatch):
     monkeypatch.setenv("KERAS_TRANSFORMER_QUIET", "1")
     return importlib.import_module(name)
 
-
-def run_in_process(capsys, call):
-    """A recipe's `main` called in this process, which saves the several
-    seconds of a process's start-up: its exit status, stdout and stderr as
-    the process's would be (`sys.exit("error: ...")` prints the line and
-    exits with 1). An exception fails the test, as a traceback would."""
-    capsys.readouterr()
-    code = 0
-    try:
-        call()
-    except SystemExit as exit:
-        code = exit.code
-    out, err = capsys.readouterr()
-    if isinstance(code, str):
-        return types.SimpleNamespace(returncode=1, stdout=out, stderr=err + code + "\n")
-    return types.SimpleNamespace(returncode=code or 0, stdout=out, stderr=err)
 
 
 def run_wmt14(*args, backend=None):
@@ -71,7 +55,7 @@ def test_wmt14_recipe_runs_offline_and_refuses_a_used_model_dir(tmp_path, capsys
     wmt14 = recipe("wmt14_en_de", monkeypatch)
 
     def run(*args):  # in this process; test_wmt14_recipe_reports_bad_input runs the script itself
-        return run_in_process(capsys, lambda: wmt14.main([str(a) for a in args]))
+        return as_a_process(capsys, lambda: wmt14.main([str(a) for a in args]))
 
     # The options the GPU guide gives: fitted batch lengths, logging, kept checkpoints.
     first = run(*common, "--train-steps", "2", "--buckets", "2", "--log-every", "1", "--keep-checkpoints", "3")
@@ -99,7 +83,7 @@ def test_wmt14_recipe_reports_bad_input(tmp_path, capsys, monkeypatch):
     wmt14 = recipe("wmt14_en_de", monkeypatch)
 
     def run(*args):  # in this process
-        return run_in_process(capsys, lambda: wmt14.main([str(a) for a in args]))
+        return as_a_process(capsys, lambda: wmt14.main([str(a) for a in args]))
 
     unknown_preset = run("--preset", "huge", "--model-dir", tmp_path / "a")
     assert unknown_preset.returncode != 0 and "invalid choice: 'huge'" in unknown_preset.stderr
@@ -118,7 +102,7 @@ def test_wmt14_recipe_reports_bad_input(tmp_path, capsys, monkeypatch):
 def test_quickstart_reports_a_vocabulary_its_corpus_cannot_give_in_one_line(tmp_path, capsys, monkeypatch):
     quickstart = recipe("quickstart", monkeypatch)
     monkeypatch.chdir(tmp_path)  # its default model directory, runs/quickstart
-    result = run_in_process(
+    result = as_a_process(
         capsys, lambda: quickstart.main(quickstart.parse_args(["--train-size", "50", "--vocabulary-size", "5000"]))
     )
     assert result.returncode != 0 and "Traceback" not in result.stderr
@@ -133,7 +117,7 @@ def test_table3_recipe_smoke_mode_writes_a_table_of_its_rows(tmp_path, capsys, m
     table3 = recipe("table3", monkeypatch)
 
     def run(table):  # in this process
-        return run_in_process(capsys, lambda: table3.main(
+        return as_a_process(capsys, lambda: table3.main(
             ["--smoke", "--data-dir", str(raw), "--out", str(tmp_path / "runs"), "--table", str(tmp_path / table)]
         ))  # fmt: skip
 
@@ -168,7 +152,7 @@ def test_wmt14_en_fr_recipe_smoke_mode_runs_offline_on_local_files(tmp_path, cap
         (data / f"{split}.fr").write_text("".join(t + "\n" for t in corpus.targets), encoding="utf-8")
     wmt14_en_fr = recipe("wmt14_en_fr", monkeypatch)
     # In this process: what the script's last line runs.
-    result = run_in_process(capsys, lambda: wmt14_en_fr.wmt14_en_de.main(
+    result = as_a_process(capsys, lambda: wmt14_en_fr.wmt14_en_de.main(
         ["--smoke", "--data-dir", str(data), "--vocabulary-size", "400", "--model-dir", str(tmp_path / "run")],
         source_language="en", target_language="fr", defaults=wmt14_en_fr.EN_FR, description=wmt14_en_fr.__doc__,
     ))  # fmt: skip
@@ -204,7 +188,7 @@ def test_ptb_parsing_recipe_smoke_mode_trains_parses_and_scores(tmp_path, capsys
     ptb_parsing = recipe("ptb_parsing", monkeypatch)
 
     def run(*extra):  # in this process
-        return run_in_process(capsys, lambda: ptb_parsing.main(
+        return as_a_process(capsys, lambda: ptb_parsing.main(
             ["--smoke", "--data-dir", PTB_SAMPLE, "--model-dir", str(tmp_path / "run"), *extra]
         ))  # fmt: skip
 

@@ -20,9 +20,8 @@ import pytest
 import keras_transformer as kt
 from keras_transformer.training import TrainingConfig
 
-from conftest import in_one_pass, needs_multi30k, upstream_multi30k, write_reversal_files
+from conftest import as_a_process, in_one_pass, needs_multi30k, upstream_multi30k, write_reversal_files
 from test_recipes import recipe
-from test_recipes import run_in_process as recipe_in_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -332,7 +331,7 @@ def test_multi30k_recipe_smoke_mode_trains_and_scores_test2016(tmp_path, capsys,
     comes: gzipped, the test set named test_2016_flickr."""
     raw = upstream_multi30k(tmp_path)
     multi30k = recipe("multi30k_en_de", monkeypatch)
-    result = recipe_in_process(capsys, lambda: multi30k.main(
+    result = as_a_process(capsys, lambda: multi30k.main(
         ["--smoke", "--direction", "de-en", "--data-dir", str(raw), "--model-dir", str(tmp_path / "run")]
     ))  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
@@ -566,7 +565,7 @@ def test_a_configuration_file_with_a_wrong_type_is_one_error_naming_the_file_and
 @in_one_pass("torch", "the recipe's check of its files, before any backend work")
 def test_multi30k_recipe_without_its_data_says_where_to_get_it(tmp_path, capsys, monkeypatch):
     multi30k = recipe("multi30k_en_de", monkeypatch)
-    result = recipe_in_process(  # its exit status and output as the process's would be
+    result = as_a_process(  # its exit status and output as the process's would be
         capsys, lambda: multi30k.main(["--data-dir", str(tmp_path / "nowhere"), "--model-dir", str(tmp_path / "run")])
     )
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
