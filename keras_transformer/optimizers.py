@@ -51,7 +51,7 @@ def transformer_adam(d_model, warmup_steps=4000, learning_rate_scale=1.0, accumu
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer", name="Adam")
-class Adam(keras_private.UpdateGradients, keras.optimizers.Adam):
+class Adam(keras_private.UpdateGradients, keras_private.ReplicaAccumulation, keras.optimizers.Adam):
     """Keras's Adam, whose update under torch runs in torch's fused kernel.
 
     The fused update applies where Keras's `apply` would only update:

@@ -134,6 +134,21 @@ def test_batches_weighed_for_another_update_are_refused(pairs, tmp_path):
         training.compile_model(kt.build_transformer("tiny", vocabulary_size=VOCABULARY), accumulate=0)
 
 
+def test_a_keras_without_the_pieces_of_accumulation_over_replicas_is_refused_clearly(monkeypatch):
+    """Over several TensorFlow replicas the update runs Keras's optimizer
+    methods one by one (keras_private.ReplicaAccumulation); where a Keras
+    lacks one, compiling says so, and accumulate=1 still compiles."""
+    from keras_transformer.backend import keras_private
+    from keras_transformer.training import trainer
+
+    monkeypatch.setattr(trainer, "_replicas", lambda model: 2)
+    monkeypatch.setattr(keras_private, "_ACCUMULATION_PIECES", ("_backend_apply_gradients", "_no_such_method"))
+    model = kt.build_transformer("tiny", vocabulary_size=VOCABULARY, num_layers=1)
+    with pytest.raises(ValueError, match=r"accumulate=2 over 2 TensorFlow replicas needs Keras's optimizer methods"):
+        training.compile_model(model, accumulate=2)
+    assert training.compile_model(model, accumulate=1).optimizer.gradient_accumulation_steps is None
+
+
 def test_a_run_of_several_fit_calls_with_moving_averages_goes_on_from_the_trained_weights(pairs, tmp_path):
     """Keras's `fit` ends by putting the weights' moving averages (`use_ema`)
     into the model; `training.fit`'s next call must start from the trained

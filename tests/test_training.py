@@ -499,33 +499,29 @@ def test_jax_data_parallel_over_two_devices_matches_one_device(tmp_path):
 @pytest.mark.skipif(
     keras.backend.backend() != "tensorflow", reason="MirroredStrategy is the TensorFlow backend's engine"
 )
-def test_accumulation_over_mirrored_replicas_is_one_clear_error(tmp_path):
-    refused = run(tmp_path / "two", 6, 3, tmp_path / "two.npz", "--devices", "2", "--accumulate", "2", wait=False)
-    _, stderr = refused.communicate(timeout=600)
-    assert refused.returncode != 0
-    assert "ValueError: accumulate=2 over 2 TensorFlow replicas: Keras's gradient accumulation" in stderr.decode()
-
-
-@pytest.mark.skipif(
-    keras.backend.backend() != "tensorflow", reason="MirroredStrategy is the TensorFlow backend's engine"
-)
 def test_mirrored_strategy_over_two_devices_matches_one_device(tmp_path):
-    """Each replica averages the loss over its own tokens. With equal token
-    counts per replica (sequences of one length) that is the global mean,
-    and two replicas must match one device to 1e-4. With unequal counts
-    they differ by the spread of the counts (0.3% after 5 steps here)."""
-    single = run(tmp_path / "one", 6, 3, tmp_path / "one.npz", "--fixed-length")
+    """Updates of 2 batches each (`accumulate=2`, whose choice between
+    accumulating and updating runs across the replicas:
+    keras_private.ReplicaAccumulation). Each replica averages the loss over
+    its own tokens. With equal token counts per replica (sequences of one
+    length) that is the global mean, and two replicas must match one device
+    to 1e-4. With unequal counts they differ by the spread of the counts
+    (0.3% after 5 steps here)."""
+    single = train_process.train(tmp_path / "one", 6, 3, fixed_length=True, accumulate=2)  # this process's device
     double = run(
-        tmp_path / "two", 6, 3, tmp_path / "two.npz", "--devices", "2", "--fixed-length"
+        tmp_path / "two", 6, 3, tmp_path / "two.npz", "--devices", "2", "--fixed-length", "--accumulate", "2"
     )
-    assert int(double["replicas"]) == 2
+    assert int(double["replicas"]) == 2 and int(double["step"]) == int(single["step"]) == 6
+    assert len(double["losses"]) == 12  # batches
     np.testing.assert_allclose(double["losses"], single["losses"], rtol=1e-4)
-    # Resumed from its checkpoint at step 3, the run goes on over both
+    # Resumed from its checkpoint at update 3, the run goes on over both
     # devices, to the uninterrupted run's weights.
     shutil.copytree(tmp_path / "two", tmp_path / "resumed")
     (tmp_path / "resumed" / "checkpoints" / "ckpt-00000006.keras").unlink()
-    resumed = run(tmp_path / "resumed", 6, 3, tmp_path / "resumed.npz", "--devices", "2", "--fixed-length")
-    np.testing.assert_allclose(resumed["losses"], double["losses"][3:], rtol=1e-5)
+    resumed = run(
+        tmp_path / "resumed", 6, 3, tmp_path / "resumed.npz", "--devices", "2", "--fixed-length", "--accumulate", "2"
+    )
+    np.testing.assert_allclose(resumed["losses"], double["losses"][6:], rtol=1e-5)
     for a, b in zip(weights(resumed), weights(double), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
@@ -535,10 +531,12 @@ def test_mirrored_strategy_over_two_devices_matches_one_device(tmp_path):
     reason="MultiWorkerMirroredStrategy is the TensorFlow backend's engine",
 )
 def test_two_workers_on_localhost_train_together_to_identical_weights(tmp_path):
+    """With updates of 2 batches each, accumulated across the workers'
+    replicas (keras_private.ReplicaAccumulation)."""
     ports = free_ports(2)
     workers = [
         run(tmp_path / f"worker{i}", 6, 3, tmp_path / f"worker{i}.npz",
-            "--worker", str(i), "--ports", ",".join(ports), wait=False)
+            "--worker", str(i), "--ports", ",".join(ports), "--accumulate", "2", wait=False)
         for i in range(2)
     ]
     for worker in workers:
@@ -546,7 +544,7 @@ def test_two_workers_on_localhost_train_together_to_identical_weights(tmp_path):
         assert worker.returncode == 0, stderr.decode()[-3000:]
     first, second = (dict(np.load(tmp_path / f"worker{i}.npz")) for i in range(2))
     assert int(first["replicas"]) == int(second["replicas"]) == 2
-    assert int(first["step"]) == int(second["step"]) == 6
+    assert int(first["step"]) == int(second["step"]) == 6 and len(first["losses"]) == 12
     for a, b in zip(weights(first), weights(second)):
         np.testing.assert_allclose(a, b, atol=1e-6)
 

@@ -19,8 +19,10 @@ backend, how a few operations are computed:
   and replays;
 - `random`: seeded dropout whose stream lives in host memory under torch;
 - `cross_entropy`: the label-smoothed loss with its gradient written out;
-- `keras_private`: the two private Keras names still read, each with the
-  public route taken where a Keras release drops it.
+- `keras_private`: the private Keras names still read (two scopes, and the
+  optimizer's gradient hook and pieces of its update that accumulation
+  over TensorFlow replicas runs), each with the public route, or a clear
+  error, where a Keras release drops it.
 
 Nothing here changes Keras, TensorFlow, JAX or PyTorch: importing the
 package installs nothing, and each function is called by our own layers

@@ -7,6 +7,7 @@ import threading
 import keras
 import numpy as np
 
+from keras_transformer.backend import keras_private
 from keras_transformer.checks import check_count
 from keras_transformer.files import cache_directory
 from keras_transformer.losses import LabelSmoothedCrossEntropy
@@ -92,14 +93,6 @@ def compile_model(
         )
     accumulate = check_count("accumulate", accumulate)
     replicas = _replicas(model)
-    if accumulate > 1 and replicas > 1:
-        # Keras's accumulation wraps the update in a cond, inside which
-        # tf.distribute cannot merge the replicas' gradients.
-        raise ValueError(
-            f"accumulate={accumulate} over {replicas} TensorFlow replicas: Keras's gradient accumulation "
-            "does not run under a tf.distribute strategy. Expected accumulate=1 there (more tokens per device "
-            "instead), or the JAX backend, whose data parallelism accumulates."
-        )
     if ema is not None:
         if isinstance(ema, bool) or not isinstance(ema, (int, float)) or not 0.0 < ema < 1.0:
             raise ValueError(f"`ema` must be a decay in (0, 1), such as 0.9999. Received: ema={ema!r}")
@@ -109,6 +102,14 @@ def compile_model(
     optimizer = transformer_adam(
         model.d_model, warmup_steps, learning_rate_scale, accumulate=accumulate, **optimizer_kwargs
     )
+    if accumulate > 1 and replicas > 1 and not keras_private.accumulates_over_replicas(optimizer):
+        # The cross-replica accumulation runs Keras's update in pieces (keras_private).
+        raise ValueError(
+            f"accumulate={accumulate} over {replicas} TensorFlow replicas needs Keras's optimizer methods "
+            "that keras_transformer.backend.keras_private.ReplicaAccumulation calls, which this Keras "
+            f"({keras.__version__}) lacks. Expected accumulate=1 there (more tokens per device instead), "
+            "or the JAX backend, whose data parallelism accumulates."
+        )
     if model.dtype_policy.name == "mixed_float16":
         # float16 gradients underflow without loss scaling.
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
