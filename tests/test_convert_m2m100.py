@@ -5,6 +5,7 @@ on every backend, from tiny random models built offline."""
 
 import json
 import os
+import shutil
 
 import keras
 import numpy as np
@@ -115,6 +116,13 @@ def test_unknown_codes_a_moe_checkpoint_and_a_bad_prefix_say_what_was_found(conv
     with pytest.raises(ConversionError, match=rf"nearest.*Received: '{wrong}'"):
         convert(root / "published", tmp_path / "bad", source_language=PAIRS[kind][0][0], target_language=wrong)
     assert not os.path.exists(tmp_path / "bad")
+    unnamed = tmp_path / "unnamed"  # a checkpoint whose tokenizer names no target language
+    shutil.copytree(root / "published", unnamed)
+    settings = json.loads((unnamed / "tokenizer_config.json").read_text())
+    (unnamed / "tokenizer_config.json").write_text(json.dumps({k: v for k, v in settings.items() if k != "tgt_lang"}))
+    with pytest.raises(ConversionError, match=r"No target language was given, .* names none \(tgt_lang\)\. "
+                       r"Expected one of the model's \d+ codes, .*: convert's --target-language CODE"):
+        convert(unnamed, tmp_path / "unnamed_out", source_language=PAIRS[kind][0][0])
     with pytest.raises(ValueError, match=r"target_prefix must be .* ids in \[1, \d+\)"):
         translator.with_search(target_prefix=[translator.model.vocabulary_size + 5])
     moe = tmp_path / "moe"

@@ -122,9 +122,17 @@ class MultilingualTokenizer(ConvertedTokenizer):
                    target_language or settings.get("tgt_lang"), trailing_space=not m2m100)
 
     def check_language(self, code, side):
-        """`code` if the model has it; else an error naming the nearest."""
+        """`code` if the model has it; else an error naming the nearest, or
+        asking for one where none was given."""
         if code in self.languages:
             return code
+        if code is None:
+            key = "src_lang" if side == "source" else "tgt_lang"
+            raise ValueError(
+                f"No {side} language was given, and the checkpoint's tokenizer_config.json names none ({key}). "
+                f"Expected one of the model's {len(self.languages)} codes, such as "
+                f"{', '.join(list(self.languages)[:3])}: convert's --{side}-language CODE ({side}_language= in Python)."
+            )
         nearest = difflib.get_close_matches(str(code), list(self.languages), n=5, cutoff=0.4)
         raise ValueError(
             f"The {side} language must be one of the model's {len(self.languages)} codes"
