@@ -33,7 +33,7 @@ import keras_transformer as kt  # noqa: F401 - settles the backend first
 import keras  # noqa: E402
 from keras_transformer.data.corpus import read_lines  # noqa: E402
 from keras_transformer.decoding import Translator  # noqa: E402
-from keras_transformer.scoring import score_translations  # noqa: E402
+from keras_transformer.bleu import score_translations  # noqa: E402
 
 
 def default_test_files(model_dir):

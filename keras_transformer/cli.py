@@ -139,7 +139,7 @@ def evaluate(args):
 
 def tune(args):
     from keras_transformer.decoding.translator import CONFIG_FILE
-    from keras_transformer.scoring import tune_search
+    from keras_transformer.bleu import tune_search
 
     sources, references = _read_pairs(args, "validation set")
     translator = _load_translator(args)

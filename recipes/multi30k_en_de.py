@@ -127,7 +127,7 @@ def tune_on_validation(config, log):
     scores of each."""
     from keras_transformer.data import read_parallel_text
     from keras_transformer.decoding import Translator
-    from keras_transformer.scoring import tune_search
+    from keras_transformer.bleu import tune_search
 
     translator = Translator.load(config.model_dir)
     valid = read_parallel_text(config.valid_source[0], config.valid_target[0])
@@ -149,7 +149,7 @@ def evaluate_test(config, alpha, test_sources, test_references, log):
 
     from keras_transformer.data import SubwordTokenizer
     from keras_transformer.decoding import Translator
-    from keras_transformer.scoring import score_translations
+    from keras_transformer.bleu import score_translations
     from keras_transformer.training import list_checkpoints
 
     tokenizer = SubwordTokenizer.load(config.model_dir)

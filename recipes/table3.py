@@ -155,7 +155,7 @@ def run_row(args, row, vocabulary, valid, log):
 
     from keras_transformer.data.corpus import write_atomically
     from keras_transformer.environment import describe_machine
-    from keras_transformer.scoring import score_translations
+    from keras_transformer.bleu import score_translations
     from keras_transformer.training import train_translator
     from keras_transformer.training.progress import read_history
     from keras_transformer.training.config import HISTORY_FILE

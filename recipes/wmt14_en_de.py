@@ -136,7 +136,7 @@ def configuration(args, files, devices=1):
 def main(argv=None, source_language="en", target_language="de", defaults=EN_DE, description=__doc__):
     args = parse_args(argv, defaults, description)
     from keras_transformer.data.wmt14 import wmt14_files
-    from keras_transformer.scoring import score_translations
+    from keras_transformer.bleu import score_translations
     from keras_transformer.data.wmt14 import write_tfds_files
     from keras_transformer.training import train_translator
     from keras_transformer.training.distribution import training_devices

@@ -154,3 +154,42 @@ def searches_equal_generate(model, tokenizer, translator, max_extra_length, sent
             np.testing.assert_allclose(scores[0], output.sequences_scores[0].item(), atol=1e-4)
         generated.append(theirs)
     return generated
+
+
+# Targets for the scores' tests: sentences of the corpus's target side, and
+# characters its vocabulary lacks.
+TARGETS = [
+    "Der alte Mann sieht den Hund.",
+    "Heute hilft die Katze dem großen Lehrer im Garten.",
+    "Ein Kind liest ✓.",
+    "Die Frau sieht den Vogel nicht, weil die Maus schläft.",
+]
+
+
+def scores_equal_transformers(model, tokenizer, translator, sources=SENTENCES, targets=TARGETS, labelled=True):
+    """Asserts that `translator.score` gives each pair the log-probability
+    of transformers' teacher-forced forward pass (its target's tokens and
+    EOS; the translator's forced prefix, such as a target language, left
+    out as it counts 0 in both searches), within 1e-4. The target's ids are
+    the tokenizer's (`text_target`), or with `labelled=False`, for a
+    tokenizer that cannot encode targets (FSMT's), our tokenizer's in the
+    published numbering. Returns our scores."""
+    import torch
+
+    forced = len(translator.target_prefix or [])
+    ours = translator.score(sources, targets, token_scores=True)
+    for i, (source, target) in enumerate(zip(sources, targets)):
+        inputs = tokenizer([source], text_target=[target] if labelled else None, return_tensors="pt")
+        if labelled:
+            labels = inputs.pop("labels")
+        else:
+            ids = translator.tokenizer.tokenize_target([target])[0] + [translator.tokenizer.eos_id]
+            labels = torch.tensor([translator.tokenizer.id_map.to_published(ids)])
+        start = torch.full((1, 1), model.config.decoder_start_token_id, dtype=labels.dtype)
+        with torch.no_grad():
+            logits = model(**inputs, decoder_input_ids=torch.cat([start, labels[:, :-1]], dim=1), use_cache=False).logits
+        theirs = torch.log_softmax(logits.double(), dim=-1)[0].gather(-1, labels[0, :, None])[forced:, 0].numpy()
+        assert ours[i].tokens == len(theirs), (i, ours[i].tokens, len(theirs))
+        np.testing.assert_allclose(ours[i].token_log_probabilities, theirs, atol=1e-4)
+        np.testing.assert_allclose(ours[i].log_probability, theirs.sum(), atol=1e-4)
+    return ours

@@ -15,6 +15,7 @@ from conftest import in_one_pass
 from fsmt_fixtures import SENTENCES
 from fsmt_fixtures import fairseq_directory
 from fsmt_fixtures import fsmt_directory
+from published_fixtures import scores_equal_transformers
 from published_fixtures import searches_equal_generate
 
 torch = pytest.importorskip("torch")
@@ -79,6 +80,11 @@ def _assert_logits_equal(model, tokenizer, translator):
     # (the source's is larger) sit far below every published logit.
     absent = [translator.tokenizer.bos_id] + id_map.to_ours(range(theirs.shape[-1], id_map.size))
     assert len(absent) > 1 and ours[..., absent].max() < theirs.min() - 40
+
+
+def test_scores_of_given_translations_equal_transformers_teacher_forced_log_probabilities(converted):
+    model, tokenizer, translator, _ = converted
+    scores_equal_transformers(model, tokenizer, translator, labelled=False)  # FSMT's tokenizer encodes sources only
 
 
 def test_teacher_forced_logits_equal_transformers(converted):

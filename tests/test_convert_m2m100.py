@@ -15,6 +15,7 @@ from conftest import in_one_pass
 from m2m100_fixtures import EOS
 from m2m100_fixtures import m2m100_directory
 from published_fixtures import SENTENCES
+from published_fixtures import scores_equal_transformers
 from published_fixtures import searches_equal_generate
 
 torch = pytest.importorskip("torch")
@@ -44,6 +45,13 @@ def _their_ids(tokenizer, source, target, texts, side="source"):
     if side == "source":
         return [tokenizer(text).input_ids for text in texts]
     return [tokenizer(text_target=text).input_ids for text in texts]
+
+
+def test_scores_of_given_translations_equal_transformers_teacher_forced_log_probabilities(converted):
+    kind, model, tokenizer, translator, _ = converted
+    (source, target), _ = PAIRS[kind]
+    tokenizer.src_lang, tokenizer.tgt_lang = source, target
+    scores_equal_transformers(model, tokenizer, translator)
 
 
 def test_teacher_forced_logits_equal_transformers(converted):

@@ -10,6 +10,7 @@ import pytest
 
 from conftest import in_one_pass
 from published_fixtures import SENTENCES
+from published_fixtures import scores_equal_transformers
 from published_fixtures import searches_equal_generate
 from published_fixtures import marian_directory
 from published_fixtures import remove_tensors
@@ -41,6 +42,11 @@ def _published_logits(translator, source_ids, target_ids):
     target[:, 0] = translator.tokenizer.bos_id
     logits = keras.ops.convert_to_numpy(translator.model({"source_ids": source, "target_ids": target}))
     return logits[..., id_map.ours_of_published]
+
+
+def test_scores_of_given_translations_equal_transformers_teacher_forced_log_probabilities(converted):
+    model, tokenizer, translator, _ = converted
+    scores_equal_transformers(model, tokenizer, translator)
 
 
 def test_teacher_forced_logits_equal_transformers(converted):

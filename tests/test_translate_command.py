@@ -198,8 +198,8 @@ def tune_pairs(translator, tmp_path, alpha):
 
 
 def test_tune_search_scores_each_length_penalty_and_picks_the_best(model_dir, tmp_path):
-    from keras_transformer.scoring import score_translations
-    from keras_transformer.scoring import tune_search
+    from keras_transformer.bleu import score_translations
+    from keras_transformer.bleu import tune_search
 
     translator = Translator.load(model_dir)
     short = tune_pairs(translator, tmp_path, 0.0)[1]

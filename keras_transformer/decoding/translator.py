@@ -19,6 +19,7 @@ from keras_transformer.data.tokenizers import load_tokenizer
 from keras_transformer.decoding.beam_search import check_alpha
 from keras_transformer.decoding.beam_search import check_length_penalty
 from keras_transformer.decoding.beam_search import sheds
+from keras_transformer.decoding import scoring
 from keras_transformer.decoding import streaming
 from keras_transformer.decoding import translator_directory
 from keras_transformer.decoding.compiled import CompiledFunction
@@ -139,7 +140,9 @@ class Translator:
         self.languages = check_pair(languages)
         self.target_prefix = check_prefix(target_prefix, model.vocabulary_size, max_extra_length)
         self.force_eos = bool(force_eos)
-        self._prefixed = {}  # prefix text or pair -> this translator with it (`with_target_prefix`, `with_languages`)
+        # Prefix text or pair -> this translator with it (`with_target_prefix`,
+        # `with_languages`); ("scorer", forced length) -> `scorer`'s function.
+        self._prefixed = {}
         self.model = quantized(model, quantize) if quantize else model
         self.quantize = quantize
         self.tokenizer = tokenizer
@@ -331,6 +334,38 @@ class Translator:
         for i, (_, ids, scores) in found.items():
             results[i] = [(next(translations), float(score)) for score in scores]
         return results
+
+    def score(self, sources, targets, token_scores=False, first_line=0):
+        """The log-probability of each target as the translation of its
+        source (`keras_transformer.decoding.scoring`): its pieces and EOS
+        teacher-forced through the model, in batches of similar lengths.
+
+        Args:
+            sources, targets: lists of strings, a target per source; no
+                side blank, and no source over `max_source_length` tokens.
+            token_scores: also give each token's log-probability.
+            first_line: the lines before these in their files, for errors.
+
+        Returns:
+            A `scoring.Score` per pair: `log_probability` (the sum),
+            `tokens`, `mean`, and `token_log_probabilities` where asked for.
+            Greedy search's score of its own translation is its
+            `log_probability`.
+        """
+        return scoring.score_texts(self, sources, targets, token_scores, first_line)
+
+    def scorer(self, forced_length=0):
+        """`score`'s compiled function of `(source_ids, target_ids)`, made
+        once per translator and forced length."""
+        key = ("scorer", forced_length)
+        if key not in self._prefixed:
+            self._prefixed[key] = CompiledFunction(
+                lambda source_ids, target_ids, decoding=None: scoring.token_log_probabilities(
+                    self.model, source_ids, target_ids, self.tokenizer.bos_id, forced_length, decoding
+                ),
+                self.model, input_ranks=(2, 2), jit_compile=self.jit_compile, trace_loops=False,
+            )
+        return self._prefixed[key]
 
     def search(self, texts, first_line=0):
         """Token ids of the search, for the non-blank strings.
