@@ -1,5 +1,6 @@
-"""The command line: prepare data, train, translate, score a test set, tune
-the search on a validation set, plot attention, export, serve.
+"""The command line: prepare data, train, translate, score given
+translations, evaluate on a test set, tune the search on a validation set,
+plot attention, export, serve.
 
     python -m keras_transformer prepare --source train.en --target train.de \
         --output data/mine --vocabulary-size 8000
@@ -7,6 +8,8 @@ the search on a validation set, plot attention, export, serve.
     python -m keras_transformer train --train-source train.en --train-target train.de \
         --valid-source val.en --valid-target val.de --model-dir runs/mine
     python -m keras_transformer translate --model-dir runs/quickstart < in.en > out.de
+    python -m keras_transformer score --model-dir runs/quickstart \\
+        --source runs/quickstart/test.en --target runs/quickstart/test.de
     python -m keras_transformer evaluate --model-dir runs/quickstart \\
         --source runs/quickstart/test.en --reference runs/quickstart/test.de
     python -m keras_transformer tune --model-dir runs/quickstart \\
@@ -92,13 +95,33 @@ def translate(args):
         translator = translator.with_languages(args.source_language, args.target_language)
     if args.target_prefix:
         translator = translator.with_target_prefix(args.target_prefix)
-    model_file = os.path.join(args.model_dir, "model.keras")
-    # A rerun continues an interrupted output only with this same model.
-    settings = dict(translator.get_config(), model=[os.path.realpath(model_file), os.stat(model_file).st_mtime_ns])
-    settings.update({"split_sentences": True} if args.split_sentences else {})
+    settings = _continued_with(translator, args) | ({"split_sentences": True} if args.split_sentences else {})
     progress = streaming.Progress() if args.progress or sys.stderr.isatty() else None
     streaming.translate_file(translator, args.input, args.output, window=args.window, shard=shard, progress=progress,
                              settings=settings, split_sentences=args.split_sentences)
+
+
+def _continued_with(translator, args):
+    """What an interrupted output is continued with only: the translator's
+    settings and this same model."""
+    model_file = os.path.join(args.model_dir, "model.keras")
+    return dict(translator.get_config(), model=[os.path.realpath(model_file), os.stat(model_file).st_mtime_ns])
+
+
+def score(args):
+    from keras_transformer.decoding import scoring
+    from keras_transformer.decoding import streaming
+
+    shard = None if args.shard is None else streaming.parse_shard(args.shard)
+    pairs = streaming.PairedLines(args.source, args.target)
+    check_writable(args.output)
+    translator = _load_translator(args)
+    if args.source_language or args.target_language:
+        translator = translator.with_languages(args.source_language, args.target_language)
+    settings = _continued_with(translator, args) | {"scores": "tokens" if args.token_scores else "sentences"}
+    progress = streaming.Progress() if args.progress or sys.stderr.isatty() else None
+    streaming.translate_file(scoring.ScoredLines(translator, args.token_scores), pairs, args.output, window=args.window,
+                             shard=shard, progress=progress, settings=settings)
 
 
 def _read_pairs(args, kind):
@@ -329,6 +352,25 @@ def main(argv=None):
     command.add_argument("--target-prefix", metavar="TEXT", help="the words every translation begins with; the search goes on from them")
     _add_language_arguments(command, " (default: the translator's pair)")
     command.set_defaults(run=translate)
+
+    command = add_command("score", help="the log-probability of given translations: one line of scores per pair")
+    command.add_argument("--model-dir", required=True, help="written by Translator.save")
+    command.add_argument("--source", required=True, help="source sentences, one per line (gzipped if .gz)")
+    command.add_argument("--target", required=True, help="their translations, aligned")
+    command.add_argument(
+        "--output", help="where to write LOG_PROBABILITY<TAB>MEAN per pair (default: stdout); an interrupted one is continued"
+    )
+    command.add_argument("--token-scores", action="store_true", help="also each token's log-probability, spaced, after a tab")
+    command.add_argument("--batch-size", type=int, help="pairs scored together")
+    command.add_argument("--max-extra-length", type=int, help="target tokens allowed beyond the source's length limit")
+    command.add_argument("--quantize", choices=["int8"], help="score with the int8 model translate --quantize int8 uses")
+    command.add_argument(
+        "--window", type=int, default=WINDOW_LINES, help=f"pairs read and sorted by length together (default {WINDOW_LINES})"
+    )
+    command.add_argument("--shard", metavar="I/N", help="score only the I-th of N equal parts of the files (0/2, 1/2)")
+    command.add_argument("--progress", action="store_true", help="pairs, pairs/s and time left on stderr (on a terminal: always)")
+    _add_language_arguments(command, " (default: the translator's pair)")
+    command.set_defaults(run=score, beam_size=None, alpha=None, length_penalty=None)
 
     command = add_command("evaluate", help="BLEU and chrF of a test set, with sacrebleu")
     _add_search_arguments(command)

@@ -17,6 +17,7 @@ from keras import ops
 
 from keras_transformer.data.batches import bucket_lengths
 from keras_transformer.data.sentences import check_texts
+from keras_transformer.decoding.streaming import split_pair
 from keras_transformer.models.config import POSITION_TABLES
 
 
@@ -81,7 +82,7 @@ def score_texts(translator, sources, targets, token_scores=False, first_line=0):
         if not source.strip() or not target.strip():
             side = "source" if not source.strip() else "target"
             raise ValueError(
-                f"Line {first_line + i + 1} (pair {i}) has a blank {side}; a pair is scored with both sides. "
+                f"Line {first_line + i + 1} has a blank {side}; a pair is scored with both sides. "
                 f"Received: {source[:50]!r} -> {target[:50]!r}"
             )
     if not sources:
@@ -93,7 +94,7 @@ def score_texts(translator, sources, targets, token_scores=False, first_line=0):
     )))
     prefix, limit = list(translator.target_prefix or []), target_limit(translator)
     for i, (source_ids, target_ids) in pairs.items():
-        where = f"Line {first_line + i + 1} (pair {i})"
+        where = f"Line {first_line + i + 1}"
         if len(source_ids) > translator.max_source_length:
             raise ValueError(
                 f"{where} has a source of {len(source_ids)} subword tokens (EOS included), more than "
@@ -150,3 +151,26 @@ def padded(id_lists, lengths):
     for row, ids in enumerate(id_lists):
         array[row, : len(ids)] = ids
     return array
+
+
+class ScoredLines:
+    """`streaming.translate_file`'s translator for the `score` command: a
+    line of scores for each pair of a `streaming.PairedLines` window."""
+
+    def __init__(self, translator, token_scores=False):
+        self.translator = translator
+        self.token_scores = token_scores
+
+    def translate(self, texts, first_line=0):
+        pairs = [split_pair(text) for text in texts]
+        scores = self.translator.score([s for s, _ in pairs], [t for _, t in pairs], self.token_scores, first_line)
+        return [score_line(score) for score in scores]
+
+
+def score_line(score):
+    """`LOG_PROBABILITY<TAB>MEAN`, then `<TAB>` and each token's, spaced,
+    where they were asked for."""
+    line = f"{score.log_probability:.6f}\t{score.mean:.6f}"
+    if score.token_log_probabilities is not None:
+        line += "\t" + " ".join(f"{value:.6f}" for value in score.token_log_probabilities)
+    return line

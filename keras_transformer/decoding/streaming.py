@@ -122,6 +122,46 @@ class RawLines:
             pass
         return total
 
+    def identity(self):
+        """What an interrupted output's record names as its input."""
+        return self.name if self.name == "<stdin>" else os.path.abspath(self.name)
+
+
+class PairedLines:
+    """The aligned lines of two files (`score`'s sources and targets), as
+    `(number, source + b"\\n" + target)`: no line holds a newline, so the
+    pair splits back at it (`split_pair`); one file ending before the other
+    is an error."""
+
+    def __init__(self, source, target):
+        self.sides = (RawLines(source), RawLines(target))
+        if "<stdin>" in (side.name for side in self.sides):
+            raise ValueError("Pairs are read from two files; give both as files, not stdin.")
+        self.name = f"{self.sides[0].name} and {self.sides[1].name}"
+
+    def __iter__(self):
+        source, target = self.sides
+        for (number, left), right in itertools.zip_longest(source, target, fillvalue=(None, None)):
+            if number is None or right[0] is None:
+                shorter, longer = (source, target) if number is None else (target, source)
+                raise ValueError(
+                    f"{shorter.name} ends before {longer.name}: it has {(number or right[0]) - 1:,} lines. "
+                    "Expected one line of each file per pair."
+                )
+            yield number, left + b"\n" + right[1]
+
+    def count(self):
+        return self.sides[0].count()
+
+    def identity(self):
+        return [side.identity() for side in self.sides]
+
+
+def split_pair(text):
+    """A `PairedLines` pair's `(source, target)`, as text."""
+    source, _, target = text.partition("\n")
+    return source.rstrip("\r"), target
+
 
 def translate_file(
     translator, source, output=None, window=WINDOW_LINES, shard=None, progress=None, settings=None, log=None,
@@ -130,8 +170,10 @@ def translate_file(
     """Translates the lines of `source` into `output`, a window at a time.
 
     Args:
-        translator: a `Translator`.
-        source: a text file (gzipped if .gz), or None or "-" for stdin.
+        translator: a `Translator`, or any object whose `translate(texts,
+            first_line)` gives a line for each text (`scoring.ScoredLines`).
+        source: a text file (gzipped if .gz), None or "-" for stdin, or a
+            `PairedLines`.
         output: the file to write, or None or "-" for stdout (written a
             window at a time, never continued).
         window: lines translated together.
@@ -157,7 +199,7 @@ def translate_file(
     check_window(window)
     if split_sentences:
         check_splitter()
-    lines = RawLines(source)
+    lines = source if isinstance(source, PairedLines) else RawLines(source)
     first, end = 0, None
     if shard is not None:
         index, count = shard
@@ -176,7 +218,7 @@ def translate_file(
         translated = _write_stream(translator, numbered, lines.name, window, first, progress, output, split_sentences)
         return Summary(translated, 0, time.perf_counter() - started)
     run = _Run(os.fspath(output), {
-        "input": os.path.abspath(lines.name) if lines.name != "<stdin>" else lines.name,
+        "input": lines.identity(),
         "shard": list(shard) if shard is not None else None,
         "settings": translator.get_config() if settings is None else settings,
     })
