@@ -16,6 +16,7 @@ A sentence longer than the model takes is decoded in pieces of its tokens
 """
 
 import dataclasses
+import warnings
 
 MISSING_SPLITTER = 'splitting sentences needs sentencex: pip install "keras-vaswani[serve]" (or pip install sentencex)'
 
@@ -140,3 +141,28 @@ def check_texts(texts):
                 f"{type(text).__name__} {text!r}"
             )
     return texts
+
+
+def translate_by_sentence(translator, texts, first_line=0):
+    """`Translator.translate(texts, split_sentences=True)`: each text split
+    into sentences in its source language's rules, each sentence translated
+    (one over `max_source_length` in pieces, with a warning), and the text
+    put back together with its line breaks and spacing."""
+    layouts = [split_text(text, translator.languages and translator.languages[0]) for text in texts]
+    sentences = [sentence for layout in layouts for sentence in layout.sentences]
+    texts_of = [i for i, layout in enumerate(layouts) for _ in layout.sentences]
+    tokenizer = translator.tokenizer
+    sources, owners, split = sources_in_pieces(
+        tokenizer.tokenize(sentences) if sentences else [], translator.max_source_length - 1, tokenizer.eos_id
+    )
+    for index, tokens, count in split:
+        i = texts_of[index]
+        warnings.warn(
+            f"Line {first_line + i + 1} (texts[{i}]) has a sentence of {tokens} subword tokens, more than "
+            f"max_source_length={translator.max_source_length} allows (EOS included); it was translated in "
+            f"{count} pieces.",
+            stacklevel=3,
+        )
+    found = translator.search_ids(sources) if sources else []
+    translations = iter(joined(translator.detokenize([ids[0].tolist() for ids, _ in found]), owners, len(sentences)))
+    return [layout.join([next(translations) for _ in layout.sentences]) for layout in layouts]

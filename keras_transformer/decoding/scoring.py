@@ -17,6 +17,7 @@ from keras import ops
 
 from keras_transformer.data.batches import bucket_lengths
 from keras_transformer.data.sentences import check_texts
+from keras_transformer.decoding.compiled import CompiledFunction
 from keras_transformer.decoding.streaming import split_pair
 from keras_transformer.models.config import POSITION_TABLES
 
@@ -42,7 +43,7 @@ class Score:
         return self.log_probability / self.tokens
 
 
-def token_log_probabilities(model, source_ids, target_ids, bos_id, forced_length=0, decoding=None):
+def token_log_probabilities(model, source_ids, target_ids, bos_id, forced_length=0):
     """log P(target_ids[:, t] | source, target_ids[:, :t]) at every position.
 
     Args:
@@ -53,8 +54,6 @@ def token_log_probabilities(model, source_ids, target_ids, bos_id, forced_length
         bos_id: the decoder's first input.
         forced_length: the forced tokens at the start of every target,
             which count 0.
-        decoding: the `backend.options.DecodingOptions` of the compiled
-            function this runs in, or None.
 
     Returns:
         float32 `[B, T]`, 0 at padding and at forced positions.
@@ -63,7 +62,8 @@ def token_log_probabilities(model, source_ids, target_ids, bos_id, forced_length
     inputs = ops.concatenate(
         [ops.full((batch, 1), bos_id, dtype="int32"), target_ids[:, :-1]], axis=1
     )  # the decoder reads each token before the one it predicts
-    logits = ops.cast(model.teacher_forced_logits(source_ids, inputs, decoding=decoding), "float32")
+    # The model's own call: every position in one pass, without dropout.
+    logits = ops.cast(model({"source_ids": source_ids, "target_ids": inputs}, training=False), "float32")
     chosen = ops.take_along_axis(logits, ops.expand_dims(target_ids, -1), axis=-1)[..., 0]
     log_probs = chosen - ops.logsumexp(logits, axis=-1)
     positions = ops.arange(ops.shape(target_ids)[1], dtype="int32")
@@ -127,7 +127,7 @@ def score_ids(translator, pairs, forced_length, token_scores):
     """A `Score` per `(source_ids, target_ids)` of `pairs` (a dict), in
     batches of similar lengths, padded as the searches' to few shapes."""
     target_lengths = bucket_lengths(target_limit(translator), step=1.5)
-    scorer = translator.scorer(forced_length)
+    scorer = compiled_scorer(translator, forced_length)
     order = sorted(pairs, key=lambda i: (len(pairs[i][0]), len(pairs[i][1])))
     results = {}
     for start in range(0, len(order), translator.batch_size):
@@ -141,6 +141,21 @@ def score_ids(translator, pairs, forced_length, token_scores):
             values = log_probs[row, forced_length : len(pairs[i][1])]
             results[i] = Score(float(values.sum()), len(values), values.tolist() if token_scores else None)
     return results
+
+
+def compiled_scorer(translator, forced_length):
+    """`token_log_probabilities` of `translator`'s model, compiled as its
+    searches are (`CompiledFunction`), made once per translator and forced length."""
+    key = ("scorer", forced_length)
+    if key not in translator.derived:
+        model, bos_id = translator.model, translator.tokenizer.bos_id
+        translator.derived[key] = CompiledFunction(
+            lambda source_ids, target_ids, decoding=None: token_log_probabilities(
+                model, source_ids, target_ids, bos_id, forced_length
+            ),
+            model, input_ranks=(2, 2), jit_compile=translator.jit_compile, trace_loops=False,
+        )
+    return translator.derived[key]
 
 
 def padded(id_lists, lengths):

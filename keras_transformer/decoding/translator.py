@@ -12,9 +12,7 @@ import numpy as np
 from keras_transformer.data.pipeline import bucket_lengths
 from keras_transformer.data.languages import check_pair
 from keras_transformer.data.sentences import check_texts
-from keras_transformer.data.sentences import joined
-from keras_transformer.data.sentences import sources_in_pieces
-from keras_transformer.data.sentences import split_text
+from keras_transformer.data.sentences import translate_by_sentence
 from keras_transformer.data.tokenizers import load_tokenizer
 from keras_transformer.decoding.beam_search import check_alpha
 from keras_transformer.decoding.beam_search import check_length_penalty
@@ -140,9 +138,9 @@ class Translator:
         self.languages = check_pair(languages)
         self.target_prefix = check_prefix(target_prefix, model.vocabulary_size, max_extra_length)
         self.force_eos = bool(force_eos)
-        # Prefix text or pair -> this translator with it (`with_target_prefix`,
-        # `with_languages`); ("scorer", forced length) -> `scorer`'s function.
-        self._prefixed = {}
+        # What is made once from this translator: a prefix text or pair ->
+        # it with them (`with_target_prefix`, `with_languages`), scorers.
+        self.derived = {}
         self.model = quantized(model, quantize) if quantize else model
         self.quantize = quantize
         self.tokenizer = tokenizer
@@ -244,9 +242,9 @@ class Translator:
     def with_target_prefix(self, text):
         """This translator with `text`'s target pieces as its prefix, made
         once per text, so that a prefix used again compiles nothing again."""
-        if text not in self._prefixed:
-            self._prefixed[text] = self.with_search(target_prefix=self.tokenizer.tokenize_target([text])[0])
-        return self._prefixed[text]
+        if text not in self.derived:
+            self.derived[text] = self.with_search(target_prefix=self.tokenizer.tokenize_target([text])[0])
+        return self.derived[text]
 
     def with_languages(self, source_language=None, target_language=None):
         """This translator for another pair of a multilingual model's
@@ -257,10 +255,10 @@ class Translator:
                              "for multilingual models (M2M-100, NLLB-200).")
         tokenizer = self.tokenizer.with_languages(source_language, target_language)
         pair = (tokenizer.source_language, tokenizer.target_language)
-        if pair not in self._prefixed:
-            self._prefixed[pair] = other = self.with_search(target_prefix=tokenizer.tokenize_target(""))
+        if pair not in self.derived:
+            self.derived[pair] = other = self.with_search(target_prefix=tokenizer.tokenize_target(""))
             other.tokenizer, other.languages = tokenizer, check_pair(pair)
-        return self._prefixed[pair]
+        return self.derived[pair]
 
     def translate(self, texts, first_line=0, split_sentences=False, target_prefix=None):
         """Translates each string; returns a list of strings, aligned.
@@ -276,27 +274,8 @@ class Translator:
         if target_prefix is not None:
             return self.with_target_prefix(target_prefix).translate(texts, first_line, split_sentences)
         if split_sentences:
-            return self._translate_sentences(check_texts(texts), first_line)
+            return translate_by_sentence(self, check_texts(texts), first_line)
         return [hypotheses[0][0] for hypotheses in self.n_best(texts, first_line)]
-
-    def _translate_sentences(self, texts, first_line):
-        layouts = [split_text(text, self.languages and self.languages[0]) for text in texts]
-        sentences = [sentence for layout in layouts for sentence in layout.sentences]
-        texts_of = [i for i, layout in enumerate(layouts) for _ in layout.sentences]
-        sources, owners, split = sources_in_pieces(
-            self.tokenizer.tokenize(sentences) if sentences else [], self.max_source_length - 1, self.tokenizer.eos_id
-        )
-        for index, tokens, count in split:
-            i = texts_of[index]
-            warnings.warn(
-                f"Line {first_line + i + 1} (texts[{i}]) has a sentence of {tokens} subword tokens, more than "
-                f"max_source_length={self.max_source_length} allows (EOS included); it was translated in "
-                f"{count} pieces.",
-                stacklevel=3,
-            )
-        found = self.search_ids(sources) if sources else []
-        translations = iter(joined(self.detokenize([ids[0].tolist() for ids, _ in found]), owners, len(sentences)))
-        return [layout.join([next(translations) for _ in layout.sentences]) for layout in layouts]
 
     def translate_stream(self, lines, window=streaming.WINDOW_LINES):
         """Translations of an iterable of lines, yielded in their order.
@@ -336,36 +315,10 @@ class Translator:
         return results
 
     def score(self, sources, targets, token_scores=False, first_line=0):
-        """The log-probability of each target as the translation of its
-        source (`keras_transformer.decoding.scoring`): its pieces and EOS
-        teacher-forced through the model, in batches of similar lengths.
-
-        Args:
-            sources, targets: lists of strings, a target per source; no
-                side blank, and no source over `max_source_length` tokens.
-            token_scores: also give each token's log-probability.
-            first_line: the lines before these in their files, for errors.
-
-        Returns:
-            A `scoring.Score` per pair: `log_probability` (the sum),
-            `tokens`, `mean`, and `token_log_probabilities` where asked for.
-            Greedy search's score of its own translation is its
-            `log_probability`.
-        """
+        """A `scoring.Score` of each target (a list of strings) as the
+        translation of its source: its log-probability, the tokens scored
+        and, with `token_scores`, each token's (`decoding.scoring`)."""
         return scoring.score_texts(self, sources, targets, token_scores, first_line)
-
-    def scorer(self, forced_length=0):
-        """`score`'s compiled function of `(source_ids, target_ids)`, made
-        once per translator and forced length."""
-        key = ("scorer", forced_length)
-        if key not in self._prefixed:
-            self._prefixed[key] = CompiledFunction(
-                lambda source_ids, target_ids, decoding=None: scoring.token_log_probabilities(
-                    self.model, source_ids, target_ids, self.tokenizer.bos_id, forced_length, decoding
-                ),
-                self.model, input_ranks=(2, 2), jit_compile=self.jit_compile, trace_loops=False,
-            )
-        return self._prefixed[key]
 
     def search(self, texts, first_line=0):
         """Token ids of the search, for the non-blank strings.

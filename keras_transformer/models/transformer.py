@@ -274,24 +274,6 @@ class Transformer(CompiledAsAsked, CheckedData, keras.Model):
         """
         return self._encode(self.source_id_check(source_ids, decoding=decoding), training=training, decoding=decoding)
 
-    def teacher_forced_logits(self, source_ids, target_ids, decoding=None):
-        """The logits of every target position given the tokens before it
-        (teacher forcing), without dropout: what `decode_step` gives one
-        position at a time, for all of them in one pass.
-
-        Args:
-            source_ids: int `[B, S]`, 0 at padding.
-            target_ids: int `[B, T]`, the decoder's inputs (BOS first), 0 at padding.
-            decoding: as for `encode`.
-
-        Returns:
-            float32 `[B, T, vocabulary_size]`.
-        """
-        encoder_output, encoder_padding_mask = self.encode(source_ids, decoding=decoding)
-        target_ids = self.target_id_check(target_ids, decoding=decoding)
-        return self._logits(self._decode(target_ids, encoder_output, encoder_padding_mask, decoding=decoding),
-                            decoding=decoding)
-
     def initial_cache(self, encoder_output, max_length, decoding=None):
         """The decoding cache before the first target position.
 
