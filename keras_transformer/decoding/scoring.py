@@ -6,7 +6,7 @@ pass, and each token's log softmax at that token, summed.
 The tokens scored are the target's pieces and EOS. Tokens the translator
 forces (its target prefix, such as a converted NLLB-200's target language)
 count 0, as in the searches: so greedy search's score of the translation it
-found (log P) is the score `score_batch` gives that translation, and beam
+found (log P) is the score `Translator.score` gives it, and beam
 search's is it divided by the length penalty (`beam_search.length_penalty`).
 """
 
