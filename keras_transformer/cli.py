@@ -119,7 +119,7 @@ def score(args):
     if args.source_language or args.target_language:
         translator = translator.with_languages(args.source_language, args.target_language)
     settings = _continued_with(translator, args) | {"scores": "tokens" if args.token_scores else "sentences"}
-    progress = streaming.Progress() if args.progress or sys.stderr.isatty() else None
+    progress = streaming.Progress(done="scored", unit="pairs") if args.progress or sys.stderr.isatty() else None
     streaming.translate_file(scoring.ScoredLines(translator, args.token_scores), pairs, args.output, window=args.window,
                              shard=shard, progress=progress, settings=settings)
 

@@ -1,6 +1,7 @@
 """Scores of given translations (`Translator.score`): the log-probability a
 search reports for the translation it found is the one `score` gives it."""
 
+import re
 import types
 
 import numpy as np
@@ -144,8 +145,10 @@ def test_the_score_command_writes_a_line_of_scores_per_pair_and_continues_an_int
                                  window=2, settings=settings)
     assert len((tmp_path / "resumed.tsv.partial").read_text().splitlines()) == 2
     capsys.readouterr()
-    cli.main(command + ["--output", str(resumed)])
-    assert "2 lines kept from an interrupted run" in capsys.readouterr().err
+    cli.main(command + ["--output", str(resumed), "--progress"])
+    err = capsys.readouterr().err
+    assert "2 lines kept from an interrupted run" in err
+    assert re.search(r"^scored 5 of 5 pairs \(100\.0%\), [\d.,]+ pairs/s", err, re.MULTILINE), err
     assert resumed.read_text() == output.read_text()
     # Without token scores: the sums and means alone.
     cli.main(command[:-3] + ["--output", str(tmp_path / "sums.tsv")])  # one window: other batches

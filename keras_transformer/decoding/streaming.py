@@ -408,8 +408,9 @@ class Progress:
     (stderr): in place on a terminal each `interval` seconds (1), else a
     line each `interval` (10)."""
 
-    def __init__(self, stream=None, interval=None):
+    def __init__(self, stream=None, interval=None, done="translated", unit="lines"):
         self.stream = stream or sys.stderr
+        self.done, self.unit = done, unit  # "scored", "pairs" for `score`
         self.terminal = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.interval = interval if interval is not None else (1.0 if self.terminal else 10.0)
         self.total = None
@@ -428,12 +429,12 @@ class Progress:
         self.shown = now
         elapsed = now - self.started
         rate = (done - self.first) / elapsed if elapsed > 0 else 0.0
-        text = f"translated {done:,}"
+        text = f"{self.done} {done:,}"
         if self.total:
-            text += f" of {self.total:,} lines ({100 * done / self.total:.1f}%)"
+            text += f" of {self.total:,} {self.unit} ({100 * done / self.total:.1f}%)"
         else:
-            text += " lines"
-        text += f", {rate:,.1f} lines/s"
+            text += f" {self.unit}"
+        text += f", {rate:,.1f} {self.unit}/s"
         if final:
             text += f", {_duration(elapsed)}"
         elif self.total and rate > 0:
