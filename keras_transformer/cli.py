@@ -57,6 +57,8 @@ def _add_search_arguments(parser):
 
 
 def _load_translator(args):
+    """`--model-dir`'s translator with the command's search settings, for
+    the pair of `--source-language` and `--target-language` where given."""
     from keras_transformer.decoding import Translator
 
     overrides = {
@@ -64,7 +66,9 @@ def _load_translator(args):
         for name in ("beam_size", "alpha", "length_penalty", "batch_size", "max_extra_length", "quantize")
         if getattr(args, name) is not None
     }
-    return Translator.load(args.model_dir, **overrides)
+    translator = Translator.load(args.model_dir, **overrides)
+    pair = getattr(args, "source_language", None), getattr(args, "target_language", None)
+    return translator.with_languages(*pair) if any(pair) else translator
 
 
 def _write_lines(lines, path):
@@ -91,8 +95,6 @@ def translate(args):
         raise ValueError("--shard splits a file by its line count; give it with --input, not on stdin.")
     check_writable(args.output)
     translator = _load_translator(args)
-    if args.source_language or args.target_language:
-        translator = translator.with_languages(args.source_language, args.target_language)
     if args.target_prefix:
         translator = translator.with_target_prefix(args.target_prefix)
     settings = _continued_with(translator, args) | ({"split_sentences": True} if args.split_sentences else {})
@@ -116,8 +118,6 @@ def score(args):
     pairs = streaming.PairedLines(args.source, args.target)
     check_writable(args.output)
     translator = _load_translator(args)
-    if args.source_language or args.target_language:
-        translator = translator.with_languages(args.source_language, args.target_language)
     settings = _continued_with(translator, args) | {"scores": "tokens" if args.token_scores else "sentences"}
     progress = streaming.Progress(done="scored", unit="pairs") if args.progress or sys.stderr.isatty() else None
     streaming.translate_file(scoring.ScoredLines(translator, args.token_scores), pairs, args.output, window=args.window,

@@ -41,6 +41,16 @@ def bucket_lengths(max_length, min_length=8, step=1.1):
     return lengths + [max_length]
 
 
+def padded_ids(id_lists, lengths):
+    """int32 `[rows, length]`: the lists, each followed by 0s, at the first
+    of `lengths` (`bucket_lengths`) that holds the longest."""
+    length = next(n for n in lengths if n >= max(map(len, id_lists)))
+    array = np.zeros((len(id_lists), length), "int32")
+    for row, ids in enumerate(id_lists):
+        array[row, : len(ids)] = ids
+    return array
+
+
 # XLA on a GPU pads the operands of a product over the tokens to a multiple
 # of 64 rows when they are not, a copy of each (in a base-size step on an
 # H200 at [462, 54], ten gigabytes of pads).

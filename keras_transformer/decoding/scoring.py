@@ -12,10 +12,10 @@ search's is it divided by the length penalty (`beam_search.length_penalty`).
 
 import dataclasses
 
-import numpy as np
 from keras import ops
 
 from keras_transformer.data.batches import bucket_lengths
+from keras_transformer.data.batches import padded_ids
 from keras_transformer.data.sentences import check_texts
 from keras_transformer.decoding.compiled import CompiledFunction
 from keras_transformer.decoding.streaming import split_pair
@@ -132,10 +132,9 @@ def score_ids(translator, pairs, forced_length, token_scores):
     results = {}
     for start in range(0, len(order), translator.batch_size):
         rows = order[start : start + translator.batch_size]
-        count = next(n for n in translator.row_counts() if n >= len(rows))
-        chosen = [pairs[i] for i in rows] + [pairs[rows[-1]]] * (count - len(rows))
-        source_ids = padded([s for s, _ in chosen], translator.source_lengths)
-        target_ids = padded([t for _, t in chosen], target_lengths)
+        chosen = [pairs[i] for i in rows] + [pairs[rows[-1]]] * (translator.rows_for(len(rows)) - len(rows))
+        source_ids = padded_ids([s for s, _ in chosen], translator.source_lengths)
+        target_ids = padded_ids([t for _, t in chosen], target_lengths)
         log_probs = scorer(source_ids, target_ids)
         for row, i in enumerate(rows):
             values = log_probs[row, forced_length : len(pairs[i][1])]
@@ -156,16 +155,6 @@ def compiled_scorer(translator, forced_length):
             model, input_ranks=(2, 2), jit_compile=translator.jit_compile, trace_loops=False,
         )
     return translator.derived[key]
-
-
-def padded(id_lists, lengths):
-    """int32 `[rows, length]`: the lists, 0 after each, at the first of
-    `lengths` that holds the longest."""
-    length = next(n for n in lengths if n >= max(map(len, id_lists)))
-    array = np.zeros((len(id_lists), length), "int32")
-    for row, ids in enumerate(id_lists):
-        array[row, : len(ids)] = ids
-    return array
 
 
 class ScoredLines:

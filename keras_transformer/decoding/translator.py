@@ -9,6 +9,7 @@ import warnings
 import keras
 import numpy as np
 
+from keras_transformer.data.batches import padded_ids
 from keras_transformer.data.pipeline import bucket_lengths
 from keras_transformer.data.languages import check_pair
 from keras_transformer.data.sentences import check_texts
@@ -355,7 +356,7 @@ class Translator:
         for start in range(0, len(order), self.batch_size):
             rows = order[start : start + self.batch_size]
             source_ids, limits = self._batch(
-                [sources[i] for i in rows], rows_wanted=self._rows_for(len(rows))
+                [sources[i] for i in rows], rows_wanted=self.rows_for(len(rows))
             )
             ids, scores = self._run_search(source_ids, limits, self.tokenizer.eos_id)
             for row, i in enumerate(rows):
@@ -380,18 +381,15 @@ class Translator:
             sources[i] = ids + [self.tokenizer.eos_id]
         return sources
 
-    def _rows_for(self, count):
+    def rows_for(self, count):
+        """The rows (of `row_counts()`) a batch of `count` sentences is padded to."""
         return next(rows for rows in self.row_counts() if rows >= count)
 
     def _batch(self, sources, rows_wanted):
         """Pads to a bucket length, and to `rows_wanted` rows by repeating
         the last sentence (whose search then ends with it)."""
-        longest = max(len(ids) for ids in sources)
-        length = next(n for n in self.source_lengths if n >= longest)
         sources = sources + [sources[-1]] * (rows_wanted - len(sources))
-        source_ids = np.zeros((len(sources), length), "int32")
-        for row, ids in enumerate(sources):
-            source_ids[row, : len(ids)] = ids
+        source_ids = padded_ids(sources, self.source_lengths)
         # "input length + 50": the source tokens before EOS.
         limits = np.array([len(ids) - 1 + self.max_extra_length for ids in sources], "int32")
         return source_ids, limits
