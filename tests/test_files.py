@@ -44,6 +44,7 @@ def test_the_next_write_clears_what_a_killed_one_left(tmp_path):
     assert sorted(os.listdir(tmp_path)) == [f"{PARTIAL_PREFIX}other.json.x1y2.json", "model.keras"]
 
 
+@in_one_pass("jax", "keras_transformer.files writes with os calls, the same under every backend")
 def test_a_write_past_the_space_left_names_the_file_and_leaves_no_partial(tmp_path):
     """A file-size limit (RLIMIT_FSIZE) fails writes as a full disk does."""
     path = tmp_path / "subword.model"
