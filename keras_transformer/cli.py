@@ -41,15 +41,11 @@ from keras_transformer.training.command import training_config  # noqa: F401 (te
 
 
 def _add_search_arguments(parser):
+    from keras_transformer.decoding import settings
+
     parser.add_argument("--model-dir", required=True, help="written by Translator.save")
-    parser.add_argument("--beam-size", type=int, help="1 searches greedily (saved default: 4)")
-    parser.add_argument("--alpha", type=float, help="length penalty exponent (saved default: 0.6)")
-    parser.add_argument(
-        "--length-penalty", choices=["gnmt", "power"],
-        help="((5 + length) / 6)^alpha, the paper's, or length^alpha, fairseq's and Marian's (saved default: gnmt)",
-    )
+    settings.add_arguments(parser)
     parser.add_argument("--batch-size", type=int, help="sentences decoded together")
-    parser.add_argument("--max-extra-length", type=int, help="output tokens allowed beyond the source's")
     parser.add_argument(
         "--quantize", choices=["int8"],
         help="decode with int8 attention and feed-forward kernels and an int8 token embedding (Keras's quantization)",
@@ -60,11 +56,10 @@ def _load_translator(args):
     """`--model-dir`'s translator with the command's search settings, for
     the pair of `--source-language` and `--target-language` where given."""
     from keras_transformer.decoding import Translator
+    from keras_transformer.decoding import settings
 
-    overrides = {
-        name: getattr(args, name)
-        for name in ("beam_size", "alpha", "length_penalty", "batch_size", "max_extra_length", "quantize")
-        if getattr(args, name) is not None
+    overrides = settings.from_arguments(args) | {
+        name: getattr(args, name) for name in ("batch_size", "quantize") if getattr(args, name) is not None
     }
     translator = Translator.load(args.model_dir, **overrides)
     pair = getattr(args, "source_language", None), getattr(args, "target_language", None)
@@ -370,7 +365,7 @@ def main(argv=None):
     command.add_argument("--shard", metavar="I/N", help="score only the I-th of N equal parts of the files (0/2, 1/2)")
     command.add_argument("--progress", action="store_true", help="pairs, pairs/s and time left on stderr (on a terminal: always)")
     _add_language_arguments(command, " (default: the translator's pair)")
-    command.set_defaults(run=score, beam_size=None, alpha=None, length_penalty=None)
+    command.set_defaults(run=score)
 
     command = add_command("evaluate", help="BLEU and chrF of a test set, with sacrebleu")
     _add_search_arguments(command)

@@ -125,6 +125,16 @@ def remove_tensors(directory, *names):
     save_file(tensors, path, metadata=metadata)
 
 
+# Search options, ours (`SearchSettings` fields) and `generate`'s, each
+# with the option it tests named: the random models' outputs are short,
+# so the repetition options are tried on outputs of at least 10 tokens.
+SEARCH_OPTIONS = [
+    ("min_length", {"min_length": 10}),
+    ("repetition_penalty", {"min_length": 10, "repetition_penalty": 1.3}),
+    ("no_repeat_ngram_size", {"min_length": 10, "no_repeat_ngram_size": 2}),
+]
+
+
 def searches_equal_generate(model, tokenizer, translator, max_extra_length, sentences=SENTENCES, **generate):
     """Asserts that `translator`'s search gives transformers' `generate`'s
     best ids (and, with a beam, score) for each of `sentences`, with the
@@ -154,6 +164,23 @@ def searches_equal_generate(model, tokenizer, translator, max_extra_length, sent
             np.testing.assert_allclose(scores[0], output.sequences_scores[0].item(), atol=1e-4)
         generated.append(theirs)
     return generated
+
+
+def options_search_as_generate(model, tokenizer, translator, max_extra_length, plain, sentences=SENTENCES, **generate):
+    """Asserts, for each of `SEARCH_OPTIONS`, that `translator` with the
+    options searches as `generate` with the same (and `generate`'s other
+    arguments), from `plain`, `searches_equal_generate`'s outputs without
+    options, on. Returns the names of the options that changed some
+    outputs (a test asserts that each did, for its comparisons to count)."""
+    found, changed = {(): plain}, set()
+    for name, options in SEARCH_OPTIONS:
+        found[tuple(options.items())] = searches_equal_generate(
+            model, tokenizer, translator.with_search(**options), max_extra_length, sentences, **generate, **options
+        )
+        without = tuple((key, value) for key, value in options.items() if key != name)
+        if found[tuple(options.items())] != found[without]:
+            changed.add(name)
+    return changed
 
 
 # Targets for the scores' tests: sentences of the corpus's target side, and

@@ -13,7 +13,7 @@ from keras import ops
 from keras_transformer.decoding import beam_search
 from keras_transformer.decoding import greedy_search
 from keras_transformer.decoding.beam_search import length_penalty
-from keras_transformer.decoding.beam_search import top_k
+from keras_transformer.decoding.selection import top_k
 
 # The search's logic over hand-made scores, run eagerly; each backend's
 # compiled search over a model is checked in test_compiled.py and test_steps.py.

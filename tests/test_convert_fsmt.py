@@ -16,6 +16,8 @@ from fsmt_fixtures import SENTENCES
 from fsmt_fixtures import fairseq_directory
 from fsmt_fixtures import fsmt_directory
 from published_fixtures import scores_equal_transformers
+from published_fixtures import SEARCH_OPTIONS
+from published_fixtures import options_search_as_generate
 from published_fixtures import searches_equal_generate
 
 torch = pytest.importorskip("torch")
@@ -109,16 +111,19 @@ def test_position_table_equals_fairseq_sinusoids(published, converted):
 def test_searches_equal_generate(converted, beam_size):
     """Greedy and beam search give transformers' ids and scores, with the
     checkpoint's length penalty, our per-sentence limit and EOS forced
-    there (the config's `forced_eos_token_id`)."""
+    there (the config's `forced_eos_token_id`), and so they do with each
+    of `SEARCH_OPTIONS` and `generate`'s same options."""
     model, tokenizer, _, output = converted
     translator = Translator.load(output, beam_size=beam_size, max_extra_length=MAX_EXTRA_LENGTH)
     ended = 0
-    for (source_ids, _, _), theirs in zip(translator.search(SENTENCES).values(),
-                                          searches_equal_generate(model, tokenizer, translator, MAX_EXTRA_LENGTH, SENTENCES)):
+    plain = searches_equal_generate(model, tokenizer, translator, MAX_EXTRA_LENGTH, SENTENCES)
+    for (source_ids, _, _), theirs in zip(translator.search(SENTENCES).values(), plain):
         assert theirs[-1] == EOS  # forced at the limit, if not before
         ended += len(theirs) < len(source_ids) - 1 + MAX_EXTRA_LENGTH
     assert translator.force_eos  # the config's forced_eos_token_id
     assert ended >= 1 or beam_size > 1  # greedy: searches that end before their limit, not only there
+    assert options_search_as_generate(model, tokenizer, translator, MAX_EXTRA_LENGTH, plain) == {
+        name for name, _ in SEARCH_OPTIONS}
 
 
 def test_tokenizer_equals_fsmt_tokenizer(converted):

@@ -16,6 +16,8 @@ from m2m100_fixtures import EOS
 from m2m100_fixtures import m2m100_directory
 from published_fixtures import SENTENCES
 from published_fixtures import scores_equal_transformers
+from published_fixtures import SEARCH_OPTIONS
+from published_fixtures import options_search_as_generate
 from published_fixtures import searches_equal_generate
 
 torch = pytest.importorskip("torch")
@@ -77,8 +79,11 @@ def test_teacher_forced_logits_equal_transformers(converted):
 
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_searches_equal_generate_with_the_target_language_forced(converted, beam_size):
+    """With the target language forced first, greedy and beam search give
+    `generate`'s outputs, also with each of `SEARCH_OPTIONS`."""
     kind, model, tokenizer, _, root = converted
     loaded = Translator.load(root / "ours", beam_size=beam_size, max_extra_length=MAX_EXTRA_LENGTH)
+    changed = set()  # the options that changed some output, of some pair
     for source, target in PAIRS[kind]:
         translator = loaded.with_languages(source, target)
         tokenizer.src_lang, tokenizer.tgt_lang = source, target
@@ -87,6 +92,9 @@ def test_searches_equal_generate_with_the_target_language_forced(converted, beam
         assert all(theirs[0] == language for theirs in generated)
         ended = sum(EOS in theirs for theirs in generated)
         assert ended >= 1 or beam_size > 1  # greedy: searches that end before their limit, not only there
+        changed |= options_search_as_generate(
+            model, tokenizer, translator, MAX_EXTRA_LENGTH, generated, forced_bos_token_id=language)
+    assert changed == {name for name, _ in SEARCH_OPTIONS}
 
 
 def test_tokenizer_ids_equal_transformers_for_each_language(converted):

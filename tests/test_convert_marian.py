@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from conftest import in_one_pass
+from published_fixtures import SEARCH_OPTIONS
 from published_fixtures import SENTENCES
+from published_fixtures import options_search_as_generate
 from published_fixtures import scores_equal_transformers
 from published_fixtures import searches_equal_generate
 from published_fixtures import marian_directory
@@ -66,19 +68,28 @@ def test_teacher_forced_logits_equal_transformers(converted):
 
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_searches_equal_generate(converted, beam_size):
+    """Greedy and beam search give `generate`'s outputs, and so they do
+    with each of `SEARCH_OPTIONS` and `generate`'s same options."""
     model, tokenizer, translator, _ = converted
-    assert _searches_equal_generate(model, tokenizer, translator, beam_size) >= 2  # they end, not only run to their limit
+    plain = _searches_equal_generate(model, tokenizer, translator, beam_size)
+    assert _ended(model, plain) >= 2  # they end, not only run to their limit
+    changed = options_search_as_generate(model, tokenizer, _with_search(translator, beam_size), MAX_EXTRA_LENGTH, plain)
+    assert changed == {name for name, _ in SEARCH_OPTIONS}
 
 
 def _searches_equal_generate(model, tokenizer, translator, beam_size, **generate):
     """Asserts that our search gives `generate`'s best ids (and score) for
-    each sentence, with `generate`'s other arguments; returns how many of
-    transformers' ended with EOS."""
-    translator = Translator(
-        translator.model, translator.tokenizer, beam_size=beam_size, alpha=1.0, length_penalty="power",
-        max_extra_length=MAX_EXTRA_LENGTH, target_prefix=translator.target_prefix, force_eos=translator.force_eos,
-    )
-    generated = searches_equal_generate(model, tokenizer, translator, MAX_EXTRA_LENGTH, **generate)
+    each sentence, with `generate`'s other arguments; returns transformers'
+    outputs."""
+    return searches_equal_generate(model, tokenizer, _with_search(translator, beam_size), MAX_EXTRA_LENGTH, **generate)
+
+
+def _with_search(translator, beam_size):
+    """`translator` with `beam_size`, searching as `generate` does."""
+    return translator.with_search(beam_size=beam_size, alpha=1.0, length_penalty="power", max_extra_length=MAX_EXTRA_LENGTH)
+
+
+def _ended(model, generated):
     return sum(theirs[-1] == model.config.eos_token_id for theirs in generated)
 
 

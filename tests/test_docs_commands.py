@@ -32,6 +32,7 @@ PYTHON_TESTED = {
     ("docs/decoding.md", 'kt.Translator.load("runs/quickstart")'): "test_docs_python.py::test_the_decoding_guide_shows_the_readme_translator_block",
     ("docs/decoding.md", "model.decode_step("): "test_docs_python.py::test_the_decoding_blocks_run_on_a_tiny_model",
     ("docs/decoding.md", "kt.decoding.beam_search("): "test_docs_python.py::test_the_decoding_blocks_run_on_a_tiny_model",
+    ("docs/decoding.md", "kt.decoding.SearchSettings("): "test_settings.py::test_the_decoding_guide_s_settings_block_prints_what_it_shows",
     ("docs/data.md", "make_dataset("): "test_docs_python.py::test_the_data_and_training_blocks_train_on_their_files",
     ("docs/training.md", "training.Distribution()"): "test_docs_python.py::test_the_data_and_training_blocks_train_on_their_files",
     ("docs/guide.md", "attention_window=10"): "test_table3_options.py::test_the_guide_example_prints_what_it_shows",

@@ -69,7 +69,8 @@ def test_max_time_stops_where_an_update_ends_with_a_checkpoint_and_a_resume_goes
     accumulators = [v for v in restored.optimizer.variables if "gradient_accumulator" in v.path]
     assert accumulators and not any(keras.ops.convert_to_numpy(v).any() for v in accumulators)
     lines = []
-    training.train_translator(config(corpus, tmp_path, train_steps=step + 3, max_time="2s", accumulate=2), resume=True, log=lines.append)
+    # Without the 2 s: on a busy machine the three updates may take longer.
+    training.train_translator(config(corpus, tmp_path, train_steps=step + 3, accumulate=2), resume=True, log=lines.append)
     assert steps(tmp_path)[-1] == step + 3
 
 

@@ -122,7 +122,7 @@ with warnings.catch_warnings(record=True) as caught:
     from keras_transformer.decoding.compiled import CompiledFunction
     search = CompiledFunction(
         lambda source, limits, decoding: kt.decoding.search_translations(
-            model, source, limits, 2, 0.6, 4, 2, 3, decoding=decoding
+            model, source, limits, beam_size=2, max_extra_length=4, bos_id=2, eos_id=3, decoding=decoding
         ),
         model, [2, 1],
     )

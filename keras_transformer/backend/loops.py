@@ -27,6 +27,10 @@ import numpy as np
 def while_loop(cond, body, loop_vars, maximum_iterations=None, loops=None):
     """`keras.ops.while_loop(cond, body, loop_vars, maximum_iterations)`,
     recorded and replayed by `loops` (a `TracedLoops`) where given."""
+    if _is_named(loop_vars):
+        # One structure, not a tuple of loop variables: Keras would spread a
+        # named tuple over the arguments of `cond` and `body`.
+        return while_loop(cond, lambda state: (body(state),), (loop_vars,), maximum_iterations, loops)[0]
     if loops is None:
         return keras.ops.while_loop(cond, body, loop_vars, maximum_iterations=maximum_iterations)
     is_tuple = isinstance(loop_vars, (tuple, list))
@@ -193,6 +197,10 @@ def _recorder():
         )
         return None
     return make_fx
+
+
+def _is_named(value):
+    return isinstance(value, tuple) and hasattr(value, "_fields")
 
 
 def _contiguous(x):

@@ -64,6 +64,12 @@ class ConvertedTokenizer:
         self.published_special = set(id_map.special.values())
         self._published_unknown = id_map.special["unknown"]
 
+    @property
+    def start_as_id(self):
+        """Our id that decoding's first token counts as in an output
+        (`IdMap.start_reads_as`)."""
+        return self.id_map.start_reads_as
+
     @classmethod
     def from_directory(cls, directory, id_map, **settings):
         """Reads its files from `directory`: each of `FILES` must be there."""

@@ -60,6 +60,13 @@ class IdMap:
         rows[self.published_of_ours >= len(matrix)] = fill
         return rows
 
+    @property
+    def start_reads_as(self):
+        """Our id of the token decoding starts from, as the published model
+        reads it in an output (its padding or EOS, where our BOS copies it):
+        the token a repetition penalty counts it as."""
+        return int(self.ours_of_published[self.special["start"]])
+
     def to_ours(self, ids):
         return self.ours_of_published[np.asarray(ids, np.int64)].tolist()
 

@@ -15,22 +15,23 @@ The search is a pure function over explicit loop state, written with
 under `tf.function`, XLA and `jax.jit`, and eagerly under torch.
 """
 
-import math
-import numbers
+from typing import Any
+from typing import NamedTuple
 
 import keras
 from keras import ops
 
 from keras_transformer.backend import norms
 from keras_transformer.backend import shapes
+from keras_transformer.decoding import processors as logits_processors
 from keras_transformer.decoding.search_loop import check_state_lengths
-from keras_transformer.decoding.search_loop import forced_tokens
-from keras_transformer.decoding.search_loop import top_k
 from keras_transformer.decoding.search_loop import while_in_phases
-
-# A log-probability no hypothesis reaches: it marks empty slots. Finite, so
-# that sums and differences of it stay finite.
-NEG_INF = -1.0e9
+from keras_transformer.decoding.selection import NEG_INF
+from keras_transformer.decoding.selection import forced_extensions
+from keras_transformer.decoding.selection import forced_tokens
+from keras_transformer.decoding.selection import top_k
+from keras_transformer.decoding.settings import check_alpha
+from keras_transformer.decoding.settings import check_length_penalty
 
 
 # A batch of this many sentences or more sheds its first half once that is
@@ -47,8 +48,16 @@ def sheds(sentences):
     return count
 
 
-# The forms of the length penalty: GNMT's, the paper's; |Y| ** alpha.
-LENGTH_PENALTIES = ("gnmt", "power")
+class BeamState(NamedTuple):
+    """The loop state of `beam_search`, of B sentences and K beams."""
+
+    index: Any  # int32 []: tokens generated so far; the step extends to index + 1
+    alive_ids: Any  # int32 [B, K, L + 1]: BOS, the tokens so far, then 0s
+    alive_log_probs: Any  # float32 [B, K]: log P of each alive hypothesis, best first
+    finished_ids: Any  # int32 [B, K, L + 1]: the finished hypotheses, EOS last
+    finished_scores: Any  # float32 [B, K]: their log P / lp, best first; NEG_INF in empty slots
+    finished_flags: Any  # bool [B, K]: which slots hold a finished hypothesis
+    state: Any  # the step function's state, [B * K, ...]
 
 
 def length_penalty(length, alpha, form="gnmt"):
@@ -58,28 +67,6 @@ def length_penalty(length, alpha, form="gnmt"):
     if form == "power":
         return ops.power(length, alpha)
     return ops.power((5.0 + length) / 6.0, alpha)
-
-
-def check_length_penalty(form):
-    if form not in LENGTH_PENALTIES:
-        raise ValueError(
-            f"length_penalty must be one of {list(LENGTH_PENALTIES)}. Received: length_penalty={form!r}"
-        )
-
-
-def check_alpha(alpha):
-    """The length penalty exponent must be a finite number >= 0: early
-    stopping relies on lp growing with length, and a NaN alpha makes every
-    score NaN, so that no search ends before its maximum length."""
-    if (
-        not isinstance(alpha, numbers.Real)
-        or isinstance(alpha, bool)
-        or not math.isfinite(alpha)
-        or alpha < 0
-    ):
-        raise ValueError(
-            f"alpha must be a finite number >= 0. Received: alpha={alpha!r}"
-        )
 
 
 def beam_search(
@@ -99,6 +86,7 @@ def beam_search(
     forced_ids=None,
     force_eos=False,
     narrow_step=None,
+    processors=(),
     decoding=None,
 ):
     """The `beam_size` best translations of each sentence, best first.
@@ -168,6 +156,10 @@ def beam_search(
             and again with the half left: in order of length, the shorter
             half ends first. Results are the same. The loops of those
             halves run at the last phase's `state_lengths`.
+        processors: `decoding.processors` that change each step's
+            log-probabilities before the beams are extended (transformers'
+            beam search applies its logits processors there); the scores
+            are then those of the changed log-probabilities.
         decoding: the `backend.options.DecodingOptions` of the compiled
             function the search runs in (its loops, its direct calls), or
             None.
@@ -204,29 +196,23 @@ def beam_search(
     positions = ops.arange(max_length + 1, dtype="int32")  # [L + 1]
     # The loop state. Only beam 0 is real at the start, so that the first
     # step expands it alone.
-    initial = {
-        "index": ops.convert_to_tensor(0, dtype="int32"),  # [], int32
-        "alive_ids": ops.where(
+    initial = BeamState(
+        index=ops.convert_to_tensor(0, dtype="int32"),
+        alive_ids=ops.where(
             ops.equal(positions, 0)[None, None, :],
             initial_ids[:, None, None],
             ops.zeros((batch_size, beam_size, max_length + 1), dtype="int32"),
-        ),  # [B, K, L + 1], int32
-        "alive_log_probs": ops.where(
+        ),
+        alive_log_probs=ops.where(
             ops.equal(ops.arange(beam_size), 0)[None, :],
             ops.zeros((batch_size, beam_size), dtype="float32"),
             ops.full((batch_size, beam_size), NEG_INF, dtype="float32"),
-        ),  # [B, K], float32
-        "finished_ids": ops.zeros(
-            (batch_size, beam_size, max_length + 1), dtype="int32"
-        ),  # [B, K, L + 1], int32
-        "finished_scores": ops.full(
-            (batch_size, beam_size), NEG_INF, dtype="float32"
-        ),  # [B, K], float32, log P / lp
-        "finished_flags": ops.zeros((batch_size, beam_size), dtype="bool"),  # [B, K]
-        "state": keras.tree.map_structure(
-            lambda x: ops.repeat(x, beam_size, axis=0), initial_state
-        ),  # [B * K, ...]
-    }
+        ),
+        finished_ids=ops.zeros((batch_size, beam_size, max_length + 1), dtype="int32"),
+        finished_scores=ops.full((batch_size, beam_size), NEG_INF, dtype="float32"),
+        finished_flags=ops.zeros((batch_size, beam_size), dtype="bool"),
+        state=keras.tree.map_structure(lambda x: ops.repeat(x, beam_size, axis=0), initial_state),
+    )
 
     def searching(start):
         """The loop's condition and body over sentences `start:`, and its
@@ -253,38 +239,46 @@ def beam_search(
             )
 
         def sentence_done(search):
-            best_alive = search["alive_log_probs"][:, 0] / best_lp  # [B]
+            best_alive = search.alive_log_probs[:, 0] / best_lp  # [B]
             worst_finished = ops.min(
-                ops.where(search["finished_flags"], search["finished_scores"], NEG_INF),
+                ops.where(search.finished_flags, search.finished_scores, NEG_INF),
                 axis=1,
             )  # [B]; NEG_INF until beam_size hypotheses finished
             return ops.logical_or(
                 ops.logical_or(
                     ops.greater(worst_finished, best_alive),
-                    ops.less(search["alive_log_probs"][:, 0], NEG_INF / 2),  # nothing alive
+                    ops.less(search.alive_log_probs[:, 0], NEG_INF / 2),  # nothing alive
                 ),
-                ops.greater_equal(search["index"], limits),
+                ops.greater_equal(search.index, limits),
             )
 
         def condition(search):
             return ops.logical_and(
-                ops.less(search["index"], max_length),
+                ops.less(search.index, max_length),
                 ops.logical_not(ops.all(sentence_done(search))),
             )
 
         def body(search):
-            index = search["index"]
-            alive_ids = search["alive_ids"]
+            index = search.index
+            alive_ids = search.alive_ids
             flat_ids = ops.reshape(alive_ids, (-1, max_length + 1))  # [B * K, L + 1]
-            logits, new_state = step(flat_ids, index, search["state"])
+            logits, new_state = step(flat_ids, index, search.state)
             logits = ops.cast(logits, "float32")
             vocabulary_size = ops.shape(logits)[-1]
             # The 2K best extensions of the alive hypotheses.
-            candidate_log_probs = norms.log_softmax_plus(logits, search["alive_log_probs"], decoding)
+            if processors:
+                log_probs = logits_processors.apply(
+                    processors, ops.log_softmax(logits, axis=-1), logits_processors.Step(index, flat_ids)
+                )
+                candidate_log_probs = search.alive_log_probs[:, :, None] + ops.reshape(
+                    log_probs, (rows, beam_size, vocabulary_size)
+                )
+            else:
+                candidate_log_probs = norms.log_softmax_plus(logits, search.alive_log_probs, decoding)
             if candidate_log_probs is None:
                 # log softmax = logits - logsumexp(logits), with the logsumexp
                 # added to the alive log-probabilities: one pass over the logits.
-                offsets = search["alive_log_probs"] - ops.reshape(
+                offsets = search.alive_log_probs - ops.reshape(
                     ops.logsumexp(logits, axis=-1), (rows, beam_size)
                 )  # [B, K]
                 candidate_log_probs = offsets[:, :, None] + ops.reshape(
@@ -293,8 +287,8 @@ def beam_search(
             candidate_log_probs = ops.reshape(candidate_log_probs, (rows, -1))  # [B, K * V]
             top_log_probs, top_indices = top_k(candidate_log_probs, 2 * beam_size)
             if forced is not None:
-                top_log_probs, top_indices = _forced_extensions(
-                    top_log_probs, top_indices, search["alive_log_probs"], vocabulary_size, *forced(index)
+                top_log_probs, top_indices = forced_extensions(
+                    top_log_probs, top_indices, search.alive_log_probs, vocabulary_size, *forced(index)
                 )
             top_beams = top_indices // vocabulary_size  # [B, 2K]
             top_tokens = ops.cast(top_indices % vocabulary_size, "int32")
@@ -326,30 +320,26 @@ def beam_search(
                 new_flags, top_log_probs / length_penalty(index + 1, alpha, penalty), NEG_INF
             )
             finished_scores, finished_choice = ops.top_k(
-                ops.concatenate([search["finished_scores"], new_scores], axis=1),
+                ops.concatenate([search.finished_scores, new_scores], axis=1),
                 beam_size,
             )
-            return {
-                "index": index + 1,
-                "alive_ids": ops.where(active[:, :, None], new_alive_ids, alive_ids),
-                "alive_log_probs": ops.where(
-                    active, new_alive_log_probs, search["alive_log_probs"]
-                ),
-                "finished_ids": gather_beams(
-                    ops.concatenate([search["finished_ids"], top_ids], axis=1),
+            return BeamState(
+                index=index + 1,
+                alive_ids=ops.where(active[:, :, None], new_alive_ids, alive_ids),
+                alive_log_probs=ops.where(active, new_alive_log_probs, search.alive_log_probs),
+                finished_ids=gather_beams(
+                    ops.concatenate([search.finished_ids, top_ids], axis=1),
                     finished_choice,
                 ),
-                "finished_scores": finished_scores,
-                "finished_flags": shapes.take_along_axis(
-                    ops.concatenate([search["finished_flags"], new_flags], axis=1),
+                finished_scores=finished_scores,
+                finished_flags=shapes.take_along_axis(
+                    ops.concatenate([search.finished_flags, new_flags], axis=1),
                     finished_choice,
                     axis=1,
                     decoding=decoding,
                 ),
-                "state": keras.tree.map_structure(
-                    lambda x: shapes.take_rows(x, state_rows, decoding), new_state
-                ),
-            }
+                state=keras.tree.map_structure(lambda x: shapes.take_rows(x, state_rows, decoding), new_state),
+            )
 
         return condition, body, sentence_done, gather_beams
 
@@ -377,10 +367,10 @@ def beam_search(
         # The first half is done: as the whole loop would have left it. (The
         # state is not needed past the loop.)
         head = _sentences(search, 0, half, beam_size)
-        return {"index": rest["index"], **{
-            name: ops.concatenate([head[name], rest[name]], axis=0)
-            for name in search if name not in ("index", "state")
-        }}
+        return rest._replace(**{
+            name: ops.concatenate([getattr(head, name), getattr(rest, name)], axis=0)
+            for name in BeamState._fields if name not in ("index", "state")
+        })
 
     whole = searching(0)  # the whole batch's, made once: the loop's and the final gathers'
     search = run(0, initial, state_lengths)
@@ -388,8 +378,8 @@ def beam_search(
 
     # Finished hypotheses first (they are sorted and come before the empty
     # slots), then the best alive ones, which reached the sentence's limit.
-    alive_scores = search["alive_log_probs"] / best_possible_lp[:, None]
-    num_finished = ops.sum(ops.cast(search["finished_flags"], "int32"), axis=1)[:, None]
+    alive_scores = search.alive_log_probs / best_possible_lp[:, None]
+    num_finished = ops.sum(ops.cast(search.finished_flags, "int32"), axis=1)[:, None]
     slots = ops.arange(beam_size, dtype="int32")[None, :]
     choice = ops.where(
         ops.less(slots, num_finished), slots, beam_size + slots - num_finished
@@ -397,12 +387,12 @@ def beam_search(
     if penalty == "power":
         # fairseq's and transformers' rule: hypotheses cut at the sentence's
         # limit rank with the finished ones, by score.
-        cut = ops.greater_equal(search["index"], sentence_max_length)[:, None]  # [B, 1]
+        cut = ops.greater_equal(search.index, sentence_max_length)[:, None]  # [B, 1]
         _, ranked = ops.top_k(
             ops.concatenate(
                 [
-                    ops.where(search["finished_flags"], search["finished_scores"], NEG_INF),
-                    ops.where(cut & ops.greater(search["alive_log_probs"], NEG_INF / 2), alive_scores, 2 * NEG_INF),
+                    ops.where(search.finished_flags, search.finished_scores, NEG_INF),
+                    ops.where(cut & ops.greater(search.alive_log_probs, NEG_INF / 2), alive_scores, 2 * NEG_INF),
                 ],
                 axis=1,
             ),
@@ -410,10 +400,10 @@ def beam_search(
         )
         choice = ops.where(cut, ops.cast(ranked, "int32"), choice)
     ids = gather_beams(
-        ops.concatenate([search["finished_ids"], search["alive_ids"]], axis=1), choice
+        ops.concatenate([search.finished_ids, search.alive_ids], axis=1), choice
     )
     scores = shapes.take_along_axis(
-        ops.concatenate([search["finished_scores"], alive_scores], axis=1),
+        ops.concatenate([search.finished_scores, alive_scores], axis=1),
         choice,
         axis=1,
         decoding=decoding,
@@ -423,25 +413,10 @@ def beam_search(
 
 def _sentences(search, start, stop, beam_size):
     """The beam search's loop state of sentences `start:stop`."""
-    return {
-        name: value if name == "index" else keras.tree.map_structure(
-            lambda x: x[start * beam_size : None if stop is None else stop * beam_size], value
-        ) if name == "state" else value[start:stop]
-        for name, value in search.items()
-    }
-
-
-def _forced_extensions(top_log_probs, top_indices, alive_log_probs, vocabulary_size, tokens, forcing):
-    """The 2K best extensions `(log-probabilities, indices into K * V)`,
-    where a sentence is forced: each alive beam extended by its token at no
-    cost (log-probability 0), in the beams' order (best first), then K empty
-    slots. What the search would take from extensions all but the token's
-    made impossible, without a pass over them."""
-    beam_size = ops.shape(alive_log_probs)[1]
-    forced_log_probs = ops.concatenate([alive_log_probs, ops.full_like(alive_log_probs, NEG_INF)], axis=1)
-    beams = ops.concatenate([ops.arange(beam_size, dtype="int32"), ops.zeros((beam_size,), dtype="int32")])
-    forced_indices = ops.cast(beams[None, :] * vocabulary_size + tokens[:, None], top_indices.dtype)  # [B, 2K]
-    return (
-        ops.where(forcing[:, None], forced_log_probs, top_log_probs),
-        ops.where(forcing[:, None], forced_indices, top_indices),
-    )
+    rows = slice(start * beam_size, None if stop is None else stop * beam_size)
+    return BeamState(*(
+        value if name == "index"
+        else keras.tree.map_structure(lambda x: x[rows], value) if name == "state"
+        else value[start:stop]
+        for name, value in zip(BeamState._fields, search)
+    ))

@@ -4,11 +4,26 @@ A beam of one, without the finished set: `beam_search`'s loop state and
 phases, over `[B]` sentences rather than `[B, K]` hypotheses.
 """
 
+from typing import Any
+from typing import NamedTuple
+
 from keras import ops
 
+from keras_transformer.decoding import processors as logits_processors
 from keras_transformer.decoding.search_loop import check_state_lengths
-from keras_transformer.decoding.search_loop import forced_tokens
 from keras_transformer.decoding.search_loop import while_in_phases
+from keras_transformer.decoding.selection import best_tokens
+from keras_transformer.decoding.selection import forced_tokens
+
+
+class GreedyState(NamedTuple):
+    """The loop state of `greedy_search`, of B sentences."""
+
+    index: Any  # int32 []: tokens generated so far; the step chooses token index + 1
+    ids: Any  # int32 [B, L + 1]: BOS, the tokens so far, then 0s
+    log_prob: Any  # float32 [B]: log P of the tokens so far
+    finished: Any  # bool [B]: which sentences took EOS
+    state: Any  # the step function's state, [B, ...]
 
 
 def greedy_search(
@@ -23,6 +38,7 @@ def greedy_search(
     grow_state=None,
     forced_ids=None,
     force_eos=False,
+    processors=(),
     decoding=None,
 ):
     """The most likely next token at every step, until EOS.
@@ -41,6 +57,10 @@ def greedy_search(
             `beam_search`.
         forced_ids, force_eos: a target prefix, and EOS at the limit, as
             in `beam_search`.
+        processors: `decoding.processors` that change each step's logits
+            before the best token is taken (as transformers' greedy search
+            applies its logits processors). The scores stay the model's
+            log-probabilities of the tokens taken.
         decoding: as in `beam_search`.
 
     Returns:
@@ -55,68 +75,52 @@ def greedy_search(
     sentence_max_length = ops.cast(sentence_max_length, "int32")
     forced = forced_tokens(forced_ids, force_eos, eos_id, sentence_max_length)
     positions = ops.arange(max_length + 1, dtype="int32")
-    ids = ops.where(
-        ops.equal(positions, 0)[None, :],
-        initial_ids[:, None],
-        ops.zeros((batch_size, max_length + 1), dtype="int32"),
-    )  # [B, L + 1]
-    initial = {
-        "index": ops.convert_to_tensor(0, dtype="int32"),
-        "ids": ids,
-        "log_prob": ops.zeros((batch_size,), dtype="float32"),
-        "finished": ops.zeros((batch_size,), dtype="bool"),
-        "state": initial_state,
-    }
+    initial = GreedyState(
+        index=ops.convert_to_tensor(0, dtype="int32"),
+        ids=ops.where(
+            ops.equal(positions, 0)[None, :],
+            initial_ids[:, None],
+            ops.zeros((batch_size, max_length + 1), dtype="int32"),
+        ),
+        log_prob=ops.zeros((batch_size,), dtype="float32"),
+        finished=ops.zeros((batch_size,), dtype="bool"),
+        state=initial_state,
+    )
 
     def condition(search):
-        done = ops.logical_or(
-            search["finished"], ops.greater_equal(search["index"], sentence_max_length)
-        )
-        return ops.logical_and(
-            ops.less(search["index"], max_length), ops.logical_not(ops.all(done))
-        )
+        done = ops.logical_or(search.finished, ops.greater_equal(search.index, sentence_max_length))
+        return ops.logical_and(ops.less(search.index, max_length), ops.logical_not(ops.all(done)))
 
     def body(search):
-        index, ids, finished = search["index"], search["ids"], search["finished"]
-        logits, state = step_fn(ids, index, search["state"])
+        index, ids, finished = search.index, search.ids, search.finished
+        logits, state = step_fn(ids, index, search.state)
         logits = ops.cast(logits, "float32")
-        # The best token is the first that reaches the largest logit: two
-        # plain reductions, which XLA vectorizes better than its argmax.
-        vocabulary_size = ops.shape(logits)[-1]
-        best_logits = ops.max(logits, axis=-1)  # [B]
-        tokens = ops.min(
-            ops.where(
-                ops.equal(logits, best_logits[:, None]),
-                ops.arange(vocabulary_size, dtype="int32"),
-                vocabulary_size - 1,  # also the answer if no logit equals the max (NaN)
-            ),
-            axis=-1,
-        )  # [B]
-        token_log_probs = best_logits - ops.logsumexp(logits, axis=-1)  # log softmax at the token
+        if processors:
+            tokens, _ = best_tokens(logits_processors.apply(processors, logits, logits_processors.Step(index, ids)))
+            chosen_logits = ops.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0]
+        else:
+            tokens, chosen_logits = best_tokens(logits)
+        token_log_probs = chosen_logits - ops.logsumexp(logits, axis=-1)  # log softmax at the token
         if forced is not None:
             forced_token, forcing = forced(index)
             tokens = ops.where(forcing, forced_token, tokens)
             token_log_probs = ops.where(forcing, 0.0, token_log_probs)
-        writing = ops.logical_and(
-            ops.logical_not(finished), ops.less(index, sentence_max_length)
-        )
+        writing = ops.logical_and(ops.logical_not(finished), ops.less(index, sentence_max_length))
         ids = ops.where(
             ops.logical_and(ops.equal(positions, index + 1)[None, :], writing[:, None]),
             tokens[:, None],
             ids,
         )
-        return {
-            "index": index + 1,
-            "ids": ids,
-            "log_prob": search["log_prob"] + ops.where(writing, token_log_probs, 0.0),
-            "finished": ops.logical_or(
-                finished, ops.logical_and(writing, ops.equal(tokens, eos_id))
-            ),
-            "state": state,
-        }
+        return GreedyState(
+            index=index + 1,
+            ids=ids,
+            log_prob=search.log_prob + ops.where(writing, token_log_probs, 0.0),
+            finished=ops.logical_or(finished, ops.logical_and(writing, ops.equal(tokens, eos_id))),
+            state=state,
+        )
 
     search = while_in_phases(
         condition, body, initial, state_lengths, grow_state,
         loops=None if decoding is None else decoding.loops,
     )
-    return search["ids"][:, 1:], search["log_prob"]
+    return search.ids[:, 1:], search.log_prob

@@ -1,87 +1,11 @@
-"""The loop of a search: a top-k for large vocabularies, and a
-`while_loop` run in phases over a state that grows."""
-
-import math
+"""The loop of a search: a `while_loop` run in phases over a state that
+grows, and the checks of its arguments."""
 
 import numpy as np
 
 from keras import ops
 
 from keras_transformer.backend.loops import while_loop
-
-
-def top_k(scores, k, chunk_size=128):
-    """`ops.top_k(scores, k)` of float `[B, n]` scores, for k far below n.
-
-    The k best scores of a row lie in the k chunks of `chunk_size`
-    consecutive scores whose maxima are best: a chunk left out has a
-    maximum no better than each of k chunks taken, and each of those holds
-    a score at least that good (with ties, a lower index). So one maximum
-    per chunk, a top-k over the maxima, and a top-k over the chosen chunks'
-    scores find them. XLA's top-k looks at every one of the `B * n` scores
-    (a beam search's `beam_size * vocabulary_size` candidates per sentence)
-    several times more slowly than it takes their maxima. Among equal scores the lower index
-    comes first where `ops.top_k` puts it first (TensorFlow and JAX; torch's
-    top-k orders ties as it likes).
-
-    Returns:
-        `(values [B, k], indices [B, k])`, best first.
-    """
-    n = scores.shape[-1]
-    if not isinstance(n, int) or n <= 2 * k * chunk_size:
-        return ops.top_k(scores, k)
-    batch_size = ops.shape(scores)[0]
-    whole = n - n % chunk_size  # the scores of whole chunks; the rest is a short last chunk
-    maxima = ops.max(ops.reshape(scores[:, :whole], (batch_size, -1, chunk_size)), axis=-1)
-    if whole < n:  # its maximum apart, rather than a padded copy of every score
-        maxima = ops.concatenate([maxima, ops.max(scores[:, whole:], axis=-1, keepdims=True)], axis=1)
-    _, best_chunks = ops.top_k(maxima, k)
-    best_chunks = ops.sort(best_chunks, axis=-1)  # in index order, for ties
-    if whole == n:  # the chosen chunks, gathered whole
-        chunks = ops.take_along_axis(
-            ops.reshape(scores, (batch_size, -1, chunk_size)), best_chunks[:, :, None], axis=1
-        )
-        values, positions = ops.top_k(ops.reshape(chunks, (batch_size, k * chunk_size)), k)
-        chunk = ops.take_along_axis(best_chunks, positions // chunk_size, axis=1)
-        return values, chunk * chunk_size + positions % chunk_size
-    indices = ops.reshape(
-        best_chunks[:, :, None] * chunk_size + ops.arange(chunk_size, dtype=best_chunks.dtype),
-        (batch_size, k * chunk_size),
-    )  # [B, k * C], in index order
-    candidates = ops.where(  # the short chunk's positions past n score nothing
-        ops.less(indices, n), ops.take_along_axis(scores, ops.minimum(indices, n - 1), axis=1), -math.inf
-    )
-    values, positions = ops.top_k(candidates, k)
-    return values, ops.take_along_axis(indices, positions, axis=1)
-
-
-def forced_tokens(forced_ids, force_eos, eos_id, sentence_max_length):
-    """The tokens the search must take, as a function of the step:
-    `forced_ids[:, index]` while the forced prefix lasts (int `[B, P]`, or
-    None), then EOS at the sentence's limit with `force_eos` (the last
-    token a sentence may have, as transformers' `forced_eos_token_id`
-    forces it). Made once, before the loop; None if nothing is ever forced.
-
-    Returns:
-        None, or `at(index) -> (tokens [B], forcing [B] bool)`.
-    """
-    if forced_ids is None and not force_eos:
-        return None
-    batch_size = ops.shape(sentence_max_length)[0]
-    # At least 0: a warm-up that never ends (EOS -1) still names a token.
-    # (A sum, not `full`: under torch, `full` reads a tensor EOS to the host.)
-    eos = ops.zeros((batch_size,), dtype="int32") + ops.cast(ops.maximum(eos_id, 0), "int32")
-    prefix_length = 0 if forced_ids is None else ops.shape(forced_ids)[1]
-    # The prefix, then a column past it, so that any step names one.
-    columns = eos[:, None] if forced_ids is None else ops.concatenate([ops.cast(forced_ids, "int32"), eos[:, None]], axis=1)
-    never = ops.zeros((batch_size,), dtype="bool")
-
-    def at(index):
-        tokens = ops.take(columns, ops.minimum(index, prefix_length), axis=1)  # [B]
-        at_limit = ops.greater_equal(index + 1, sentence_max_length) if force_eos else never
-        return tokens, ops.logical_or(ops.less(index, prefix_length), at_limit)
-
-    return at
 
 
 def check_prefix(prefix, vocabulary_size, max_extra_length):
@@ -132,8 +56,8 @@ def while_in_phases(
     """`keras.ops.while_loop(condition, body, search)`, run in phases over a state
     that grows.
 
-    Phase p runs the steps whose `search["index"]` is below
-    `state_lengths[p]`; between phases, `grow_state(search["state"],
+    Phase p runs the steps whose `search.index` is below
+    `state_lengths[p]`; between phases, `grow_state(search.state,
     state_lengths[p + 1])` enlarges the state. A cache of past positions can
     so be as long as the output so far (rounded up to its phase's length)
     instead of as long as the longest output: the attention over it and its
@@ -148,9 +72,10 @@ def while_in_phases(
     ended as it is.
 
     Args:
-        condition, body: as for `ops.while_loop`, over the dict `search`.
-        search: the loop variables, a dict with the step about to run at
-            `"index"` and the state at `"state"`.
+        condition, body: as for `ops.while_loop`, over `search`.
+        search: the loop variables, a named tuple (`BeamState`,
+            `GreedyState`) with the step about to run at `index` and the
+            step function's state at `state`.
         state_lengths: None (one loop), or increasing lengths, the state
             given holding the first.
         grow_state: `grow_state(state, length)`.
@@ -171,13 +96,13 @@ def while_in_phases(
     start = 0
     for phase, length in enumerate(limits):
         if phase:
-            search = {**search, "state": grow_state(search["state"], length)}
+            search = search._replace(state=grow_state(search.state, length))
         end = length if steps_per_iteration == 1 else min(length, max_length)
 
         def fits(steps, end=end):
             """The condition, while `steps` more steps end by `end`."""
             return lambda search: ops.logical_and(
-                condition(search), ops.less_equal(search["index"] + steps, end)
+                condition(search), ops.less_equal(search.index + steps, end)
             )
 
         if steps_per_iteration > 1:

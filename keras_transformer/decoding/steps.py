@@ -12,6 +12,7 @@ from keras import ops
 from keras_transformer.backend import shapes
 from keras_transformer.decoding.beam_search import beam_search
 from keras_transformer.decoding.greedy_search import greedy_search
+from keras_transformer.decoding.settings import SearchSettings
 from keras_transformer.models.config import POSITION_TABLES
 
 
@@ -131,15 +132,14 @@ def search_translations(
     model,
     source_ids,
     sentence_max_length,
-    beam_size,
-    alpha,
-    max_extra_length,
+    settings=None,
+    *,
     bos_id,
     eos_id,
-    length_penalty="gnmt",
+    start_id=None,
     forced_ids=None,
-    force_eos=False,
     decoding=None,
+    **options,
 ):
     """Beam search (greedy search for a beam of 1) with the cached decoder.
 
@@ -147,22 +147,26 @@ def search_translations(
         model: a `Transformer`.
         source_ids: int `[B, S]`, each sentence followed by EOS, then 0s.
         sentence_max_length: int `[B]`, the most tokens each output may have.
-        beam_size: hypotheses kept per sentence; 1 searches greedily.
-        alpha: the length penalty exponent.
-        max_extra_length: how many positions past `S` an output may reach.
+        settings: the `SearchSettings` (the paper's by default); the
+            searches' options, its logits processors, and
+            `max_extra_length`: how many positions past `S` an output may
+            reach.
         bos_id: the first target token.
         eos_id: the token that ends a translation.
-        length_penalty: the penalty's form, "gnmt" or "power".
+        start_id: the token BOS counts as in an output, for the
+            repetition options (`processors.output_ids`); BOS by default.
         forced_ids: optional int `[B, P]`, the target prefix of each output.
-        force_eos: EOS at each output's limit (`beam_search`).
         decoding: the `backend.options.DecodingOptions` of the compiled
             function this runs in, or None.
+        **options: settings that replace those of `settings`, by name
+            (`beam_size=1`).
 
     Returns:
         `(ids [B, beam_size, S + max_extra_length], scores [B, beam_size])`,
         best first.
     """
-    max_length = ops.shape(source_ids)[1] + max_extra_length
+    settings = (settings or SearchSettings()).replace(**options)
+    max_length = ops.shape(source_ids)[1] + settings.max_extra_length
     if model.position_encoding in POSITION_TABLES:
         # No output outgrows the learned positions.
         if isinstance(max_length, int):
@@ -173,38 +177,25 @@ def search_translations(
     # them and reordering them costs what the output so far needs.
     step_fn, initial_state, growing = growing_step_function(model, source_ids, max_length, decoding)
     initial_ids = ops.full((ops.shape(source_ids)[0],), bos_id, dtype="int32")
-    if beam_size == 1:
-        ids, scores = greedy_search(
-            step_fn,
-            initial_ids,
-            initial_state,
-            max_length=max_length,
-            eos_id=eos_id,
-            sentence_max_length=sentence_max_length,
-            forced_ids=forced_ids,
-            force_eos=force_eos,
-            decoding=decoding,
-            **growing,
-        )
+    common = dict(
+        max_length=max_length, eos_id=eos_id, sentence_max_length=sentence_max_length, forced_ids=forced_ids,
+        force_eos=settings.force_eos, processors=settings.processors(eos_id, bos_id if start_id is None else start_id), decoding=decoding, **growing,
+    )
+    if settings.beam_size == 1:
+        ids, scores = greedy_search(step_fn, initial_ids, initial_state, **common)
         return ids[:, None], scores[:, None]
     return beam_search(
         step_fn,
         initial_ids,
         initial_state,
-        beam_size=beam_size,
-        alpha=alpha,
-        max_length=max_length,
-        eos_id=eos_id,
-        sentence_max_length=sentence_max_length,
-        penalty=length_penalty,
-        forced_ids=forced_ids,
-        force_eos=force_eos,
+        beam_size=settings.beam_size,
+        alpha=settings.alpha,
+        penalty=settings.length_penalty,
         narrow_step=step_fn.narrow,
         steps_per_iteration=search_steps_per_iteration(
-            initial_state, beam_size, max_length, xla=decoding is not None and decoding.xla
+            initial_state, settings.beam_size, max_length, xla=decoding is not None and decoding.xla
         ),
-        decoding=decoding,
-        **growing,
+        **common,
     )
 
 

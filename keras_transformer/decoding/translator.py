@@ -15,14 +15,13 @@ from keras_transformer.data.languages import check_pair
 from keras_transformer.data.sentences import check_texts
 from keras_transformer.data.sentences import translate_by_sentence
 from keras_transformer.data.tokenizers import load_tokenizer
-from keras_transformer.decoding.beam_search import check_alpha
-from keras_transformer.decoding.beam_search import check_length_penalty
 from keras_transformer.decoding.beam_search import sheds
 from keras_transformer.decoding import scoring
 from keras_transformer.decoding import streaming
 from keras_transformer.decoding import translator_directory
 from keras_transformer.decoding.compiled import CompiledFunction
 from keras_transformer.decoding.search_loop import check_prefix
+from keras_transformer.decoding.settings import SearchSettings
 from keras_transformer.decoding.steps import search_translations
 from keras_transformer.files import save_keras_model
 from keras_transformer.files import write_atomically
@@ -59,13 +58,20 @@ class Translator:
         model: a trained `Transformer`.
         tokenizer: its `SubwordTokenizer`, or a converted model's tokenizer
             (`keras_transformer.data.tokenizers`).
-        beam_size: hypotheses kept per sentence; 1 is greedy search.
-        alpha: the length penalty exponent, lp = ((5 + length) / 6)^alpha.
-        length_penalty: "gnmt", the paper's lp above, or "power", lp =
+        search: the `SearchSettings`; the paper's by default. Each of its
+            fields can also be given by name, as `beam_size=1` (greedy
+            search), and read as an attribute, as `translator.beam_size`:
+            `beam_size`, `alpha` (lp = ((5 + length) / 6)^alpha),
+            `length_penalty` ("gnmt", that lp, or "power", lp =
             length^alpha, the penalty of fairseq, Marian and transformers,
-            under which their published settings reproduce.
-        max_extra_length: an output may have this many tokens more than its
-            source.
+            under which their published settings reproduce),
+            `max_extra_length` (an output may have this many tokens more
+            than its source), `min_length`, `target_prefix` (ids, ours,
+            that begin every output, taken before the search takes over:
+            a converted NLLB's target language; CTranslate2's
+            `target_prefix`) and `force_eos` (end with EOS an output that
+            reaches its limit: transformers' `forced_eos_token_id`, set by
+            `convert`).
         max_source_length: the most source tokens (EOS included) decoded;
             longer lines are truncated. With learned positions, at most the
             model's `max_length`, which also bounds the outputs.
@@ -84,11 +90,7 @@ class Translator:
             translates between, such as `("en", "de")`: `train` and
             `convert` set them where the files name them, and `serve`
             routes requests by them.
-        target_prefix: None, or ids (ours) that begin every output, taken
-            before the search takes over (a converted NLLB's target
-            language; CTranslate2's `target_prefix`).
-        force_eos: end with EOS an output that reaches its limit
-            (transformers' `forced_eos_token_id`, set by `convert`).
+        **search_options: fields of `search` by name, replacing its own.
 
     Example:
         >>> translator = Translator.load("runs/quickstart")
@@ -100,31 +102,21 @@ class Translator:
         self,
         model,
         tokenizer,
-        beam_size=4,
-        alpha=0.6,
-        max_extra_length=50,
+        search=None,
         max_source_length=256,
         batch_size=32,
         jit_compile=False,
         quantize=None,
-        length_penalty="gnmt",
         warm_up=False,
         languages=None,
-        target_prefix=None,
-        force_eos=False,
+        **search_options,
     ):
-        for name, value, least in (
-            ("beam_size", beam_size, 1),
-            ("max_extra_length", max_extra_length, 1),
-            ("max_source_length", max_source_length, 2),
-            ("batch_size", batch_size, 1),
-        ):
+        for name, value, least in (("max_source_length", max_source_length, 2), ("batch_size", batch_size, 1)):
             if not isinstance(value, int) or value < least:
                 raise ValueError(
                     f"{name} must be an integer >= {least}. Received: {name}={value!r}"
                 )
-        check_alpha(alpha)
-        check_length_penalty(length_penalty)
+        search = (search or SearchSettings()).replace(**search_options)
         check_quantization_mode(quantize)
         if model.position_encoding in POSITION_TABLES:
             # Learned positions end at the model's max_length, for sources
@@ -137,18 +129,14 @@ class Translator:
                 f"model.vocabulary_size={model.vocabulary_size}"
             )
         self.languages = check_pair(languages)
-        self.target_prefix = check_prefix(target_prefix, model.vocabulary_size, max_extra_length)
-        self.force_eos = bool(force_eos)
+        check_prefix(search.target_prefix, model.vocabulary_size, search.max_extra_length)
+        self.search_settings = search
         # What is made once from this translator: a prefix text or pair ->
         # it with them (`with_target_prefix`, `with_languages`), scorers.
         self.derived = {}
         self.model = quantized(model, quantize) if quantize else model
         self.quantize = quantize
         self.tokenizer = tokenizer
-        self.beam_size = beam_size
-        self.alpha = float(alpha)
-        self.length_penalty = length_penalty
-        self.max_extra_length = max_extra_length
         self.max_source_length = max_source_length
         self.batch_size = batch_size
         self.jit_compile = jit_compile
@@ -157,14 +145,8 @@ class Translator:
         # (an input, so that `warm_up` can decode to the limits: under torch
         # each phase of the growing caches is recorded once it is met).
         search_batch = functools.partial(
-            search_translations,
-            self.model,
-            beam_size=beam_size,
-            alpha=self.alpha,
-            max_extra_length=max_extra_length,
-            bos_id=tokenizer.bos_id,
-            length_penalty=length_penalty,
-            force_eos=self.force_eos,
+            search_translations, self.model, settings=search, bos_id=tokenizer.bos_id,
+            start_id=getattr(tokenizer, "start_as_id", tokenizer.bos_id),
         )
         self._search = CompiledFunction(
             lambda source_ids, limits, eos_id, *prefix, decoding=None: search_batch(
@@ -179,6 +161,12 @@ class Translator:
         )
         if warm_up:
             self.warm_up(None if warm_up is True else warm_up)
+
+    def __getattr__(self, name):
+        # The search settings read as the translator's own: `translator.beam_size`.
+        if name in SearchSettings.names() and "search_settings" in self.__dict__:
+            return getattr(self.search_settings, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def row_counts(self):
         """The numbers of rows a batch is padded to: 1, 2, 4, ... `batch_size`."""
@@ -226,16 +214,14 @@ class Translator:
         prefix = np.tile(np.array(self.target_prefix, "int32"), (len(source_ids), 1))
         return self._search(source_ids, limits, eos_id, prefix)
 
-    def with_search(self, beam_size=None, alpha=None, target_prefix=None):
-        """This translator with another beam size, length penalty or target
-        prefix (`[]` for none): the same model (quantized or not),
-        tokenizer and other settings."""
+    def with_search(self, **changes):
+        """This translator with other search settings (`SearchSettings`
+        fields by name, as `beam_size=1`; `target_prefix=[]` for none): the
+        same model (quantized or not), tokenizer and other settings."""
         other = Translator(
-            self.model, self.tokenizer, beam_size=self.beam_size if beam_size is None else beam_size,
-            alpha=self.alpha if alpha is None else alpha, max_extra_length=self.max_extra_length,
+            self.model, self.tokenizer, self.search_settings.replace(**changes),
             max_source_length=self.max_source_length, batch_size=self.batch_size, jit_compile=self.jit_compile,
-            length_penalty=self.length_penalty, languages=self.languages, force_eos=self.force_eos,
-            target_prefix=self.target_prefix if target_prefix is None else target_prefix,
+            languages=self.languages,
         )
         other.quantize = self.quantize  # its model is this one's, already quantized
         return other
@@ -404,12 +390,9 @@ class Translator:
         return [self.tokenizer.detokenize(row) for row in rows]
 
     def get_config(self):
-        names = ("beam_size", "alpha", "length_penalty", "max_extra_length", "max_source_length", "batch_size", "quantize")
-        return {name: getattr(self, name) for name in names} | {
-            "languages": None if self.languages is None else list(self.languages),
-            "target_prefix": self.target_prefix or None,
-            "force_eos": self.force_eos,
-        }
+        return self.search_settings.get_config() | {
+            name: getattr(self, name) for name in ("max_source_length", "batch_size", "quantize")
+        } | {"languages": None if self.languages is None else list(self.languages)}
 
     def save(self, directory):
         """Writes the model, the vocabulary and the search settings.

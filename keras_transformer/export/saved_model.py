@@ -227,14 +227,11 @@ def _serving_module(translator, graph_tokens, asset_files, settings_file, max_re
             model,
             source_ids,
             sentence_max_length,
-            beam_size=translator.beam_size,
-            alpha=translator.alpha,
-            length_penalty=translator.length_penalty,
-            max_extra_length=translator.max_extra_length,
+            translator.search_settings,
             bos_id=tokenizer.bos_id,
+            start_id=getattr(tokenizer, "start_as_id", tokenizer.bos_id),
             eos_id=eos_id,
             forced_ids=forced_ids,
-            force_eos=translator.force_eos,
         )
         return ids[:, 0], scores[:, 0]
 

@@ -10,7 +10,7 @@ exactly the sentence's words, whatever the model's weights.
 import numpy as np
 from keras import ops
 
-from keras_transformer.decoding.beam_search import NEG_INF
+from keras_transformer.decoding.selection import NEG_INF
 from keras_transformer.decoding.beam_search import beam_search
 from keras_transformer.decoding.compiled import CompiledFunction
 from keras_transformer.decoding.steps import growing_step_function
