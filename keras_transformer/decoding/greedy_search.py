@@ -39,9 +39,11 @@ def greedy_search(
     forced_ids=None,
     force_eos=False,
     processors=(),
+    sampler=None,
     decoding=None,
 ):
-    """The most likely next token at every step, until EOS.
+    """The most likely next token at every step, until EOS; or, with a
+    `sampler`, a token drawn at every step.
 
     Args:
         step_fn: `step_fn(ids, index, state) -> (logits, state)`, as in
@@ -61,6 +63,8 @@ def greedy_search(
             before the best token is taken (as transformers' greedy search
             applies its logits processors). The scores stay the model's
             log-probabilities of the tokens taken.
+        sampler: None, or a `decoding.sampling.Sampler` that draws each
+            step's token from the changed logits instead of taking the best.
         decoding: as in `beam_search`.
 
     Returns:
@@ -95,8 +99,9 @@ def greedy_search(
         index, ids, finished = search.index, search.ids, search.finished
         logits, state = step_fn(ids, index, search.state)
         logits = ops.cast(logits, "float32")
-        if processors:
-            tokens, _ = best_tokens(logits_processors.apply(processors, logits, logits_processors.Step(index, ids)))
+        if processors or sampler is not None:
+            scores = logits_processors.apply(processors, logits, logits_processors.Step(index, ids))
+            tokens = best_tokens(scores)[0] if sampler is None else sampler(scores, index)
             chosen_logits = ops.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0]
         else:
             tokens, chosen_logits = best_tokens(logits)

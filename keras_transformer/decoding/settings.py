@@ -50,6 +50,15 @@ class SearchSettings:
                                        "(transformers' and CTranslate2's repetition_penalty)", type=float, metavar="R")
     # No n-gram of this many tokens twice in an output (0: none).
     no_repeat_ngram_size: int = _field(0, "no n-gram of N tokens twice in an output", type=int, metavar="N")
+    # "topk:K" or "topp:P": each token drawn from the K best or from the
+    # nucleus of probability P (CTranslate2's sampling_topk and
+    # sampling_topp); one translation per sentence. None: the search.
+    sampling: str = _field(None, "draw each token from the K best or the nucleus of probability P, not the "
+                           "search's best (one translation per sentence)", metavar="topk:K|topp:P")
+    # Logits are divided by it before sampling.
+    temperature: float = _field(1.0, "logits / T before sampling", type=float, metavar="T")
+    # The samples' seed: the same seed, input and batch size draw the same.
+    seed: int = _field(0, "the samples' seed", type=int)
     # EOS at an output's limit (transformers' forced_eos_token_id; `convert` sets it).
     force_eos: bool = _field(False, "end with EOS an output that reaches its limit", flag=False)
     # Ids that begin every output (a multilingual model's target language).
@@ -61,6 +70,7 @@ class SearchSettings:
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
                 raise ValueError(f"{name} must be an integer >= {least}. Received: {name}={value!r}")
             object.__setattr__(self, name, int(value))
+        self._check_sampling()
         penalty = self.repetition_penalty
         if isinstance(penalty, bool) or not isinstance(penalty, numbers.Real) or not 0 < penalty < math.inf:
             raise ValueError(f"repetition_penalty must be a finite number above 0. Received: repetition_penalty={penalty!r}")
@@ -77,6 +87,39 @@ class SearchSettings:
                 f"above 0. Received: target_prefix={prefix!r}"
             )
         object.__setattr__(self, "target_prefix", tuple(int(i) for i in prefix))
+
+    def _check_sampling(self):
+        temperature = self.temperature
+        if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not 0 < temperature < math.inf:
+            raise ValueError(f"temperature must be a finite number above 0. Received: temperature={temperature!r}")
+        object.__setattr__(self, "temperature", float(temperature))
+        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
+            raise ValueError(f"seed must be an integer. Received: seed={self.seed!r}")
+        object.__setattr__(self, "seed", int(self.seed) & 0xFFFFFFFF)
+        if self.sampling is None:
+            if self.temperature != 1.0:
+                raise ValueError(f"temperature={self.temperature} applies to sampling; set sampling (topk:K or topp:P) too.")
+            return
+        kind, _, value = str(self.sampling).partition(":")
+        try:
+            number = int(value) if kind == "topk" else float(value) if kind == "topp" else None
+        except ValueError:
+            number = None
+        if number is None or (kind == "topk" and number < 1) or (kind == "topp" and not 0 < number <= 1):
+            raise ValueError(
+                "sampling must be topk:K with an integer K >= 1 or topp:P with 0 < P <= 1. "
+                f"Received: sampling={self.sampling!r}"
+            )
+
+    def sampler(self):
+        """The `sampling.Sampler` of a sampling search, or None."""
+        if self.sampling is None:
+            return None
+        from keras_transformer.decoding.sampling import Sampler  # sampling imports selection
+
+        kind, _, value = self.sampling.partition(":")
+        return Sampler(k=int(value) if kind == "topk" else None, p=float(value) if kind == "topp" else None,
+                       temperature=self.temperature, seed=self.seed)
 
     @classmethod
     def names(cls):

@@ -141,7 +141,8 @@ def search_translations(
     decoding=None,
     **options,
 ):
-    """Beam search (greedy search for a beam of 1) with the cached decoder.
+    """Beam search (greedy search for a beam of 1; a sampling search with
+    `settings.sampling`) with the cached decoder.
 
     Args:
         model: a `Transformer`.
@@ -181,8 +182,8 @@ def search_translations(
         max_length=max_length, eos_id=eos_id, sentence_max_length=sentence_max_length, forced_ids=forced_ids,
         force_eos=settings.force_eos, processors=settings.processors(eos_id, bos_id if start_id is None else start_id), decoding=decoding, **growing,
     )
-    if settings.beam_size == 1:
-        ids, scores = greedy_search(step_fn, initial_ids, initial_state, **common)
+    if settings.beam_size == 1 or settings.sampling:
+        ids, scores = greedy_search(step_fn, initial_ids, initial_state, sampler=settings.sampler(), **common)
         return ids[:, None], scores[:, None]
     return beam_search(
         step_fn,
