@@ -93,8 +93,17 @@ def translate(args):
     if args.target_prefix:
         translator = translator.with_target_prefix(args.target_prefix)
     settings = _continued_with(translator, args) | ({"split_sentences": True} if args.split_sentences else {})
+    lines = translator
+    if args.n_best > 1 or args.with_scores or args.output_format != "text":
+        from keras_transformer.decoding.output_formats import FormattedLines
+
+        if args.split_sentences:
+            raise ValueError("--split-sentences writes one translation per line; --n-best, --with-scores and "
+                             "--output-format write a line's hypotheses. Give one or the other.")
+        lines = FormattedLines(translator, args.n_best, args.output_format, args.with_scores)
+        settings |= {"n_best": args.n_best, "output_format": args.output_format, "with_scores": args.with_scores}
     progress = streaming.Progress() if args.progress or sys.stderr.isatty() else None
-    streaming.translate_file(translator, args.input, args.output, window=args.window, shard=shard, progress=progress,
+    streaming.translate_file(lines, args.input, args.output, window=args.window, shard=shard, progress=progress,
                              settings=settings, split_sentences=args.split_sentences)
 
 
@@ -345,6 +354,12 @@ def main(argv=None):
     command.add_argument("--progress", action="store_true", help="lines, lines/s and time left on stderr (on a terminal: always)")
     command.add_argument("--split-sentences", action="store_true", help="translate each line sentence by sentence (a paragraph per line)")
     command.add_argument("--target-prefix", metavar="TEXT", help="the words every translation begins with; the search goes on from them")
+    command.add_argument("--n-best", type=int, default=1, metavar="N",
+                         help="the N best hypotheses of each line (at most the beam size), or N samples with --sampling")
+    command.add_argument("--with-scores", action="store_true", help="SCORE<TAB>TRANSLATION lines (text output)")
+    command.add_argument("--output-format", choices=["text", "tsv", "jsonl"], default="text",
+                         help="text: N lines a source line; tsv: N lines LINE, RANK, SCORE, TRANSLATION; "
+                         "jsonl: an object a source line, its alternatives in it (default: text)")
     _add_language_arguments(command, " (default: the translator's pair)")
     command.set_defaults(run=translate)
 

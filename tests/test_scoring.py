@@ -30,10 +30,11 @@ def found_pairs(translator):
     return pairs, scores
 
 
-def assert_search_scores_are_scores(model, tokenizer, beam_size):  # noqa: F811
-    """Each hypothesis of the search is scored by `score` as the search
-    scored it, in one batch of hypotheses of several lengths."""
-    translator = Translator(model, tokenizer, beam_size=beam_size, batch_size=32, max_extra_length=6)
+def assert_search_scores_are_scores(model, tokenizer, beam_size, **search):  # noqa: F811
+    """Each hypothesis of the search (with `search`'s settings) is scored
+    by `score` as the search scored it, in one batch of hypotheses of
+    several lengths."""
+    translator = Translator(model, tokenizer, beam_size=beam_size, batch_size=32, max_extra_length=6, **search)
     pairs, found = found_pairs(translator)
     scored = scoring.score_ids(translator, dict(enumerate(pairs.values())), 0, token_scores=True)
     assert len(scored) == len(pairs) == beam_size * sum(1 for s in SENTENCES if s.strip())
@@ -57,6 +58,11 @@ def test_beam_search_s_score_is_the_score_of_its_translation_over_the_length_pen
 @in_one_pass("torch", "as the test above")
 def test_greedy_search_s_score_is_the_log_probability_of_its_translation(model, tokenizer):  # noqa: F811
     assert_search_scores_are_scores(model, tokenizer, beam_size=1)
+
+
+@in_one_pass("torch", "as the test above")
+def test_a_sample_s_score_is_the_log_probability_of_its_translation(model, tokenizer):  # noqa: F811
+    assert_search_scores_are_scores(model, tokenizer, beam_size=1, sampling="topp:0.9", temperature=1.5)
 
 
 def test_a_pair_scores_the_same_alone_and_among_others(model, tokenizer):  # noqa: F811

@@ -171,7 +171,9 @@ def translate_file(
 
     Args:
         translator: a `Translator`, or any object whose `translate(texts,
-            first_line)` gives a line for each text (`scoring.ScoredLines`).
+            first_line)` gives a line for each text (`scoring.ScoredLines`),
+            or a record of `translator.lines_per_record` lines, joined by
+            newlines (`output_formats.FormattedLines`).
         source: a text file (gzipped if .gz), None or "-" for stdin, or a
             `PairedLines`.
         output: the file to write, or None or "-" for stdout (written a
@@ -217,7 +219,7 @@ def translate_file(
         # stdout, or a device or pipe (/dev/null): written as it comes, never continued.
         translated = _write_stream(translator, numbered, lines.name, window, first, progress, output, split_sentences)
         return Summary(translated, 0, time.perf_counter() - started)
-    run = _Run(os.fspath(output), {
+    run = _Run(os.fspath(output), getattr(translator, "lines_per_record", 1), {
         "input": lines.identity(),
         "shard": list(shard) if shard is not None else None,
         "settings": translator.get_config() if settings is None else settings,
@@ -247,6 +249,7 @@ def _write_stream(translator, numbered, name, window, first, progress, output, s
     if progress is not None:
         progress.start(0)
     texts = (decode_line(raw, name, number) for number, raw in numbered)
+    records = _Records(getattr(translator, "lines_per_record", 1))
     translated = 0
     # Text to sys.stdout (which a caller may have replaced), bytes to a device.
     target = sys.stdout if output in (None, "-") else None
@@ -254,7 +257,7 @@ def _write_stream(translator, numbered, name, window, first, progress, output, s
         if target is None:
             target = open(output, "w", encoding="utf-8")
         for _, translations in translated_windows(translator, texts, window, first, split_sentences):
-            target.write("".join(_one_line(line) for line in translations))
+            target.write(records.text(translations))
             target.flush()
             translated += len(translations)
             if progress is not None:
@@ -283,9 +286,24 @@ def _hashed(raw):
     return raw + b"\n"
 
 
-def _one_line(translation):
-    # A translation never spans lines, so the output stays line-aligned.
-    return translation.replace("\n", " ").replace("\r", " ") + "\n"
+class _Records:
+    """The text of a window's records: a translation never spans lines, so
+    the output stays line-aligned; a record of several lines
+    (`lines_per_record`) comes with its lines apart."""
+
+    def __init__(self, lines_per_record):
+        self.lines_per_record = lines_per_record
+
+    def text(self, records):
+        if self.lines_per_record == 1:
+            return "".join(record.replace("\n", " ").replace("\r", " ") + "\n" for record in records)
+        return "".join(record + "\n" for record in records)
+
+    def whole(self, tail):
+        """`(records, bytes)` of the whole records that `tail` begins with."""
+        newlines = [i for i, byte in enumerate(tail) if byte == 0x0A]
+        count = len(newlines) // self.lines_per_record
+        return count, newlines[count * self.lines_per_record - 1] + 1 if count else 0
 
 
 class _Run:
@@ -293,7 +311,8 @@ class _Run:
     (`OUTPUT.partial.json`): the run's identity, the lines written, the
     bytes they take and the hash of the input lines they translate."""
 
-    def __init__(self, output, identity):
+    def __init__(self, output, lines_per_record, identity):
+        self.records = _Records(lines_per_record)
         self.output = output
         self.partial = output + PARTIAL_SUFFIX
         self.state_path = output + STATE_SUFFIX
@@ -337,8 +356,8 @@ class _Run:
         with open(self.partial, "rb") as file:
             file.seek(recorded)
             tail = file.read()
-        complete = tail.rfind(b"\n") + 1
-        self.lines = checked + tail.count(b"\n", 0, complete)
+        records, complete = self.records.whole(tail)
+        self.lines = checked + records
         self.bytes = recorded + complete
         for done in range(self.lines):
             item = next(numbered, None)
@@ -366,7 +385,7 @@ class _Run:
 
     def append(self, translations):
         """Writes a window's translations, then records them."""
-        data = "".join(_one_line(line) for line in translations).encode("utf-8")
+        data = self.records.text(translations).encode("utf-8")
         self._file.write(data)
         self._file.flush()
         os.fsync(self._file.fileno())

@@ -280,26 +280,42 @@ class Translator:
         for _, translations in streaming.translated_windows(self, lines, window):
             yield from translations
 
-    def n_best(self, texts, first_line=0):
-        """All `beam_size` translations of each string, best first.
+    def n_best(self, texts, first_line=0, count=None):
+        """The `count` best translations of each string, best first: all
+        `beam_size` by default (at most that many); with `sampling`,
+        `count` samples (1 by default), each drawn alone.
 
         Returns:
             For each string, a list of `(translation, score)` pairs, where
-            score is log P(translation) / lp(length) (greedy search: log P).
-            An empty line gets `[("", 0.0)]`.
+            score is log P(translation) / lp(length) (greedy search and
+            sampling: log P). An empty line gets `[("", 0.0)]`.
         """
         texts = check_texts(texts)
-        results = [[("", 0.0)] for _ in texts]
-        found = self.search(texts, first_line)
-        if not found:
-            return results
+        self.check_n_best(count)
+        sources = self._source_ids(texts, first_line)
+        # Samples of a sentence are rows of their own, whose draws differ.
+        draws = count if self.sampling and count else 1
+        found = self._search_sources({(i, draw): ids for i, ids in sources.items() for draw in range(draws)})
         # One detokenizer call for every hypothesis of every sentence.
-        translations = iter(
-            self.detokenize([row for _, ids, _ in found.values() for row in ids.tolist()])
-        )
-        for i, (_, ids, scores) in found.items():
-            results[i] = [(next(translations), float(score)) for score in scores]
-        return results
+        translations = iter(self.detokenize([row for _, ids, _ in found.values() for row in ids.tolist()]))
+        results = [[] if i in sources else [("", 0.0)] for i in range(len(texts))]
+        for (i, _), (_, ids, scores) in found.items():
+            results[i] += [(next(translations), float(score)) for score in scores]
+        if draws > 1:
+            results = [sorted(hypotheses, key=lambda pair: -pair[1]) for hypotheses in results]
+        return [hypotheses[:count] for hypotheses in results]
+
+    def check_n_best(self, count):
+        """`count` hypotheses per sentence are `n_best`'s to give: at most the
+        beam size, or any number of samples."""
+        if count is None:
+            return
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1 or (
+                not self.sampling and count > self.beam_size):
+            raise ValueError(
+                f"n_best must be an integer from 1 to the beam size, {self.beam_size} (any number of samples with "
+                f"sampling). Received: n_best={count!r}"
+            )
 
     def score(self, sources, targets, token_scores=False, first_line=0):
         """A `scoring.Score` of each target (a list of strings) as the
