@@ -149,9 +149,21 @@ def test_v1_gives_each_sentence_s_n_best_with_scores_and_takes_a_served_beam_siz
         status, answer, _ = server.post("/v1/translate", translate_json(q=TEXTS[2], source="en", target="de", beam_size=1))
         (hypothesis,) = answer["translations"][0]["sentences"][0]["hypotheses"]
         assert (hypothesis["text"], pytest.approx(hypothesis["score"], abs=1e-4)) == greedy.n_best([TEXTS[2]])[0][0]
+        # Other search settings: a batcher of their own, made when first asked for.
+        for fields, searching in (({"min_length": 6, "no_repeat_ngram_size": 2}, translator), ({"sampling": "topk:1"}, greedy)):
+            status, answer, _ = server.post("/v1/translate", translate_json(q=TEXTS[2], source="en", target="de", **fields))
+            (hypothesis,) = answer["translations"][0]["sentences"][0]["hypotheses"]
+            expected = searching.with_search(**fields).n_best([TEXTS[2]], count=1)[0][0]
+            assert (hypothesis["text"], pytest.approx(hypothesis["score"], abs=1e-4)) == expected, fields
+        assert len(server.service.models["en", "de"].batchers) == 4
+        # LibreTranslate's alternatives: the n-best list's others.
+        status, answer, _ = server.post("/translate", translate_json(q=TEXTS[2], source="en", target="de", alternatives=1))
+        assert [answer["translatedText"], *answer["alternatives"]] == [text for text, _ in translator.n_best([TEXTS[2]])[0]]
         for fields, message in (
             ({"beam_size": 3}, "beam sizes [1, 2]"), ({"n_best": 3}, "from 1 to the beam size, 2"),
             ({"n_best": True}, "n_best must be an integer"), ({"split_sentences": "no"}, "true or false"),
+            ({"sampling": "topk:5", "temperature": 0}, "temperature must be a finite number above 0. Received: temperature=0"),
+            ({"min_length": "5"}, "min_length must be an integer >= 0. Received: min_length='5'"),
         ):
             status, answer, _ = server.post("/v1/translate", translate_json(q="a .", source="en", target="de", **fields))
             assert status == 400 and message in answer["error"], answer

@@ -18,6 +18,7 @@ import time
 import urllib.parse
 
 from keras_transformer.serving.batcher import QueueFull
+from keras_transformer.serving.service import REQUEST_SETTINGS
 from keras_transformer.serving.service import Refused
 from keras_transformer.serving.service import UnknownPair
 
@@ -108,8 +109,15 @@ def create_app(service, limits=Limits(), backend=None):
         text_format = values.get("format", "text")
         if text_format != "text":
             raise RequestError(f"format must be 'text'; HTML is not translated here. Received: {text_format!r}")
-        translations, _, warnings = await answer(request, values, texts)
+        count = values.get("alternatives", 0)  # LibreTranslate's: other translations, from the n-best list
+        if isinstance(count, str) and count.isdigit():  # a form's value
+            count = int(count)
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise RequestError(f"alternatives must be an integer >= 0. Received: {json.dumps(count)[:80]}")
+        translations, _, warnings, alternatives = await answer(request, values, texts, n_best=count + 1 if count else None)
         body = {"translatedText": translations[0] if single else translations}
+        if count:
+            body["alternatives"] = alternatives[0] if single else alternatives
         if warnings:
             body["warnings"] = warnings
         return JSONResponse(body)
@@ -118,12 +126,13 @@ def create_app(service, limits=Limits(), backend=None):
         values = await _arguments(request, limits, forms=False)
         texts, _ = _texts(values, limits)
         options = {
-            "beam_size": _integer(values, "beam_size"), "n_best": _integer(values, "n_best") or 1,
+            "search": {name: values[name] for name in REQUEST_SETTINGS if name in values},
+            "n_best": _integer(values, "n_best") or 1,
             "split_sentences": values.get("split_sentences", True),
         }
         if not isinstance(options["split_sentences"], bool):
             raise RequestError(f"split_sentences must be true or false. Received: {json.dumps(values['split_sentences'])[:80]}")
-        translations, details, warnings = await answer(request, values, texts, **options)
+        translations, details, warnings, _ = await answer(request, values, texts, **options)
         body = {"translations": [
             {"text": text, "sentences": [
                 {"source": sentence, "hypotheses": [{"text": found, "score": score} for found, score in hypotheses]}

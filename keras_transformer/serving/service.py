@@ -12,6 +12,8 @@ import concurrent.futures
 import dataclasses
 import time
 
+import numpy as np
+
 from keras_transformer.data.languages import name_of
 from keras_transformer.data.sentences import joined
 from keras_transformer.data.sentences import sources_in_pieces
@@ -25,14 +27,24 @@ class UnknownPair(ValueError):
 
 class Refused(ValueError):
     """A request asks for more than the service gives: too many sentences,
-    a beam size not served, more hypotheses than the beam keeps."""
+    a beam size not served, more hypotheses than the beam keeps, search
+    settings that are wrong or one set too many."""
+
+
+# The search settings a request may set (`SearchSettings` fields); the
+# output limit stays the translator's, which the request limits count on.
+REQUEST_SETTINGS = ("beam_size", "alpha", "length_penalty", "min_length", "repetition_penalty",
+                    "no_repeat_ngram_size", "sampling", "temperature", "seed")
+# Search settings a pair keeps batchers for: each is compiled when first asked for.
+MAX_SEARCHES = 16
 
 
 @dataclasses.dataclass
 class Served:
     translator: object
-    batchers: dict  # beam size -> the Batcher of the translator with that beam
+    batchers: dict  # SearchSettings -> the Batcher of the translator searching so
     directory: str
+    beam_sizes: tuple  # the beam sizes served, each compiled at warm-up
 
 
 class Service:
@@ -57,18 +69,23 @@ class Service:
             if not isinstance(size, int) or size < 1:
                 raise ValueError(f"beam sizes must be integers >= 1. Received: {list(beam_sizes)!r}")
         self.metrics = metrics
+        self.batching = batching
         self.models = {}
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="translate")
         for pair, (translator, directory) in translators.items():
             name = "-".join(pair)
-            batchers = {}
-            for size in sorted({translator.beam_size, *beam_sizes}):
-                searching = translator if size == translator.beam_size else translator.with_search(beam_size=size)
-                batchers[size] = Batcher(
-                    searching, metrics=metrics.for_pair(name), executor=self._executor, **batching
-                )
-            metrics.queues[name] = lambda batchers=batchers: sum(b.depth for b in batchers.values())
-            self.models[tuple(pair)] = Served(translator, batchers, directory)
+            sizes = tuple(sorted({translator.beam_size, *beam_sizes}))
+            served = self.models[tuple(pair)] = Served(translator, {}, directory, sizes)
+            for size in sizes:
+                self._new_batcher(served, translator if size == translator.beam_size else translator.with_search(beam_size=size))
+            metrics.queues[name] = lambda batchers=served.batchers: sum(b.depth for b in list(batchers.values()))
+
+    def _new_batcher(self, served, translator):
+        name = "-".join(next(pair for pair, known in self.models.items() if known is served))
+        batcher = served.batchers[translator.search_settings] = Batcher(
+            translator, metrics=self.metrics.for_pair(name), executor=self._executor, **self.batching
+        )
+        return batcher
 
     def pairs(self):
         return ", ".join(f"{source}-{target}" for source, target in self.models)
@@ -87,15 +104,31 @@ class Service:
             raise UnknownPair(f"No model here translates {source!r} into {target!r}. Pairs served: {self.pairs()}")
         return self.models[source, target]
 
-    def batcher(self, served, beam_size=None):
-        """The batcher of `served`'s translator with `beam_size`."""
-        size = served.translator.beam_size if beam_size is None else beam_size
-        if size not in served.batchers:
+    def batcher(self, served, search=None):
+        """The batcher of `served`'s translator with the search settings
+        `search` (a dict of `REQUEST_SETTINGS`): a beam size served, and
+        other settings, whose batcher is made (and its search compiled)
+        when they are first asked for."""
+        search = dict(search or {})
+        unknown = sorted(set(search) - set(REQUEST_SETTINGS))
+        if unknown:
+            raise Refused(f"A request may set the search settings {list(REQUEST_SETTINGS)}. Received: {unknown}")
+        size = search.get("beam_size")
+        if size is not None and size not in served.beam_sizes:
             raise Refused(
-                f"beam_size {beam_size!r} is not served; this server decodes with beam sizes "
-                f"{sorted(served.batchers)} (serve --beam-sizes adds others)"
+                f"beam_size {size!r} is not served; this server decodes with beam sizes "
+                f"{list(served.beam_sizes)} (serve --beam-sizes adds others)"
             )
-        return served.batchers[size]
+        try:
+            settings = served.translator.search_settings.replace(**search)
+        except (TypeError, ValueError) as error:
+            raise Refused(str(error)) from None
+        if settings not in served.batchers:
+            if len(served.batchers) >= MAX_SEARCHES:
+                raise Refused(f"This server keeps {MAX_SEARCHES} search settings per pair, all in use; "
+                              "ask with settings another request used.")
+            self._new_batcher(served, served.translator.with_search(**search)).start()
+        return served.batchers[settings]
 
     def warm_up(self):
         """Compiles every shape each batcher's translator decodes.
@@ -118,32 +151,39 @@ class Service:
         await asyncio.gather(*(b.stop() for served in self.models.values() for b in served.batchers.values()))
         self._executor.shutdown(wait=True)
 
-    async def translate(self, texts, source, target, beam_size=None, n_best=None, split_sentences=True,
+    async def translate(self, texts, source, target, search=None, n_best=None, split_sentences=True,
                         max_sentences=None):
         """Each text's translation, its lines and spacing kept.
 
         Args:
             texts: strings.
             source, target: the pair's language codes.
-            beam_size: None for the translator's own, or one of the
-                beam sizes served.
+            search: None for the translator's own search, or a dict of
+                `REQUEST_SETTINGS` (a beam size served, and others).
             n_best: None, or how many hypotheses of each sentence to give,
-                with their scores (at most the beam size).
+                with their scores (at most the beam size; samples, with
+                `sampling`).
             split_sentences: translate sentence by sentence (False: line
                 by line).
             max_sentences: the most sentences the texts may hold, or None.
 
         Returns:
-            `(translations, sentences, warnings)`: a string for each text;
-            None, or for each text a list of its sentences' `(source,
-            [(translation, score)] best first)`, with `n_best`; and a line
-            for each sentence decoded in pieces.
+            `(translations, sentences, warnings, alternatives)`: a string
+            for each text; None, or for each text a list of its sentences'
+            `(source, [(translation, score)] best first)`, with `n_best`; a
+            line for each sentence decoded in pieces; and None, or for each
+            text its other `n_best - 1` translations, from its sentences'
+            hypotheses of each rank.
         """
         served = self.served(source, target)
-        batcher = self.batcher(served, beam_size)
-        if n_best is not None and not (isinstance(n_best, int) and 1 <= n_best <= batcher.translator.beam_size):
-            raise Refused(f"n_best must be an integer from 1 to the beam size, {batcher.translator.beam_size}. Received: {n_best!r}")
+        batcher = self.batcher(served, search)
+        try:
+            batcher.translator.check_n_best(n_best)
+        except ValueError as error:
+            raise Refused(str(error)) from None
         translator = served.translator
+        # A sentence's samples are rows of their own (`Translator.n_best`).
+        draws = n_best if batcher.translator.sampling and n_best else 1
         def split_and_tokenize():
             layouts = [split_text(text, source, sentences=split_sentences) for text in texts]
             sentences = [sentence for layout in layouts for sentence in layout.sentences]
@@ -160,7 +200,9 @@ class Service:
             f"{translator.max_source_length - 1}; it was translated in {count} pieces"
             for index, tokens, count in split
         ]
-        found = await batcher.search(sources) if sources else []
+        found = await batcher.search([ids for ids in sources for _ in range(draws)]) if sources else []
+        if draws > 1:
+            found = [_drawn(found[i * draws : (i + 1) * draws]) for i in range(len(sources))]
         ranks = 1 if n_best is None else n_best
         # One detokenizer call: the first `ranks` hypotheses of every piece.
         texts_found = iter(translator.detokenize([row for ids, _ in found for row in ids[:ranks].tolist()]))
@@ -168,7 +210,7 @@ class Service:
         best = iter(joined([hypotheses[0] for hypotheses in by_rank], owners, len(sentences)))
         results = [layout.join([next(best) for _ in layout.sentences]) for layout in layouts]
         if n_best is None:
-            return results, None, warnings
+            return results, None, warnings, None
         # A sentence in pieces: its r-th hypothesis joins its pieces' r-th, scores summed.
         hypotheses = [[("", 0.0)] * ranks for _ in sentences]
         for owner, piece_texts, (_, scores) in zip(owners, by_rank, found):
@@ -179,4 +221,16 @@ class Service:
         details = [[] for _ in texts]
         for index, sentence in enumerate(sentences):
             details[text_of[index]].append((sentence, hypotheses[index]))
-        return results, details, warnings
+        # A text's r-th alternative: its sentences' r-th hypotheses, in its layout.
+        alternatives = [
+            [layout.join([found_hypotheses[rank][0] for _, found_hypotheses in mine]) for rank in range(1, ranks)]
+            for layout, mine in zip(layouts, details)
+        ]
+        return results, details, warnings, alternatives
+
+
+def _drawn(samples):
+    """One `(ids, scores)` of a sentence's samples, each `(ids, scores)` of
+    one row: the samples best first."""
+    order = sorted(range(len(samples)), key=lambda i: -float(samples[i][1][0]))
+    return np.concatenate([samples[i][0] for i in order]), np.concatenate([samples[i][1] for i in order])
