@@ -152,7 +152,7 @@ def searches_equal_generate(model, tokenizer, translator, max_extra_length, sent
             output = model.generate(
                 **tokenizer([sentence], return_tensors="pt"), num_beams=translator.beam_size, do_sample=False,
                 max_new_tokens=limit, length_penalty=translator.alpha, output_scores=True,
-                early_stopping="never" if translator.beam_size > 1 else False, return_dict_in_generate=True,
+                early_stopping=translator.early_stopping if translator.beam_size > 1 else False, return_dict_in_generate=True,
                 **generate,
             )
         theirs = output.sequences[0, 1:].tolist()

@@ -314,3 +314,24 @@ def test_the_convert_command_writes_a_translator_or_one_error_line(converted, tm
         cli.main(["convert", str(root / "hf"), "--output", str(tmp_path / "out")])
     with pytest.raises(SystemExit, match=r"^error: .*nowhere is not a directory"):
         cli.main(["convert", str(tmp_path / "nowhere"), "--output", str(tmp_path / "other")])
+
+
+def test_convert_reads_the_checkpoint_s_search_and_each_early_stopping_searches_as_generate(converted, tmp_path):
+    """`convert` takes `early_stopping` (transformers' default, False, where
+    the checkpoint names none) and the repetition and length options of
+    `generation_config.json`; with each `early_stopping` of transformers',
+    beam 4 gives `generate`'s outputs and scores."""
+    import json
+    import shutil
+
+    model, tokenizer, translator, root = converted
+    assert translator.early_stopping is False
+    shutil.copytree(root / "hf", tmp_path / "hf")
+    path = tmp_path / "hf" / "generation_config.json"
+    generation = json.loads(path.read_text()) if path.exists() else {}
+    path.write_text(json.dumps(generation | {"early_stopping": True, "no_repeat_ngram_size": 3, "min_length": 2}))
+    settings = convert(tmp_path / "hf", tmp_path / "ours").search_settings
+    assert (settings.early_stopping, settings.no_repeat_ngram_size, settings.min_length, settings.repetition_penalty) == (
+        True, 3, 2, 1.0)
+    for early_stopping in (True, False, "never"):
+        _searches_equal_generate(model, tokenizer, translator.with_search(early_stopping=early_stopping), 4)

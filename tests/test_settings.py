@@ -25,6 +25,8 @@ pytestmark = in_one_pass("jax", "Python values and argument parsing, the same un
         ({"alpha": float("nan")}, r"alpha must be a finite number >= 0. Received: alpha=nan"),
         ({"length_penalty": "linear"}, r"length_penalty must be one of \['gnmt', 'power'\]. Received: length_penalty='linear'"),
         ({"target_prefix": [5, 0]}, r"target_prefix must be a list of fewer than max_extra_length=50 token ids above 0"),
+        ({"early_stopping": "sometimes"}, r"early_stopping must be 'never', True or False. Received: early_stopping='sometimes'"),
+        ({"early_stopping": 1}, r"Received: early_stopping=1"),
     ],
 )
 def test_bad_settings_are_refused_with_what_was_received(changes, message):
@@ -44,8 +46,8 @@ def test_each_flagged_setting_is_a_flag_that_is_none_unless_given():
     parser = argparse.ArgumentParser()
     settings.add_arguments(parser)
     assert settings.from_arguments(parser.parse_args([])) == {}
-    args = parser.parse_args(["--beam-size", "2", "--min-length", "5", "--length-penalty", "power"])
-    assert settings.from_arguments(args) == {"beam_size": 2, "min_length": 5, "length_penalty": "power"}
+    args = parser.parse_args(["--beam-size", "2", "--min-length", "5", "--length-penalty", "power", "--early-stopping", "true"])
+    assert settings.from_arguments(args) == {"beam_size": 2, "min_length": 5, "length_penalty": "power", "early_stopping": True}
     with pytest.raises(SystemExit):
         parser.parse_args(["--force-eos"])  # set by convert, not a flag
 

@@ -57,8 +57,9 @@ def stack_fields(config, source, default_activation):
 
 
 def search_settings(directory, config):
-    """The checkpoint's own search: its beam, its length penalty, and EOS
-    forced at the length limit (`forced_eos_token_id`)."""
+    """The checkpoint's own search: its beam, its length penalty, when a
+    beam is done (`early_stopping`), its repetition and length options,
+    and EOS forced at the length limit (`forced_eos_token_id`)."""
     generation = dict(config)
     path = os.path.join(directory, "generation_config.json")
     if os.path.isfile(path):
@@ -70,12 +71,19 @@ def search_settings(directory, config):
             f"{directory}: forced_eos_token_id={forced_eos!r} is not eos_token_id={generation['eos_token_id']!r}; "
             "only EOS can be forced at the length limit."
         )
-    return {
+    settings = {
         "beam_size": int(generation.get("num_beams") or 4),
         "alpha": float(generation.get("length_penalty", 1.0)),
         "length_penalty": "power",
+        # transformers' default is False: a beam is done by a guess at its current length.
+        "early_stopping": generation.get("early_stopping", False),
         "force_eos": forced_eos is not None,
     }
+    # The options that are ours too, where the checkpoint sets them.
+    for name, default in (("min_length", 0), ("no_repeat_ngram_size", 0), ("repetition_penalty", 1.0)):
+        if generation.get(name) not in (None, default):
+            settings[name] = generation[name]
+    return settings
 
 
 def read_config(directory, tokenizer_files=(), tokenizer="the tokenizer's files"):

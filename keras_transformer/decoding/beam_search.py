@@ -15,6 +15,7 @@ The search is a pure function over explicit loop state, written with
 under `tf.function`, XLA and `jax.jit`, and eagerly under torch.
 """
 
+import functools
 from typing import Any
 from typing import NamedTuple
 
@@ -31,6 +32,7 @@ from keras_transformer.decoding.selection import forced_extensions
 from keras_transformer.decoding.selection import forced_tokens
 from keras_transformer.decoding.selection import top_k
 from keras_transformer.decoding.settings import check_alpha
+from keras_transformer.decoding.settings import check_early_stopping
 from keras_transformer.decoding.settings import check_length_penalty
 
 
@@ -52,6 +54,7 @@ class BeamState(NamedTuple):
     """The loop state of `beam_search`, of B sentences and K beams."""
 
     index: Any  # int32 []: tokens generated so far; the step extends to index + 1
+    done: Any  # bool [B]: the sentences done before their limit, which stay so (`early_stopping`'s bound may grow)
     alive_ids: Any  # int32 [B, K, L + 1]: BOS, the tokens so far, then 0s
     alive_log_probs: Any  # float32 [B, K]: log P of each alive hypothesis, best first
     finished_ids: Any  # int32 [B, K, L + 1]: the finished hypotheses, EOS last
@@ -87,6 +90,7 @@ def beam_search(
     force_eos=False,
     narrow_step=None,
     processors=(),
+    early_stopping="never",
     decoding=None,
 ):
     """The `beam_size` best translations of each sentence, best first.
@@ -156,6 +160,13 @@ def beam_search(
             and again with the half left: in order of length, the shorter
             half ends first. Results are the same. The loops of those
             halves run at the last phase's `state_lengths`.
+        early_stopping: when a sentence is done, as transformers'
+            `early_stopping` says: "never" (the default, and exact), when
+            no alive hypothesis can still beat the worst finished one, its
+            score bounded at the sentence's limit as above; False, the same
+            with its score bounded at the length it has (a guess that ends
+            sooner); True, as False, and also as soon as `beam_size`
+            hypotheses finished.
         processors: `decoding.processors` that change each step's
             log-probabilities before the beams are extended (transformers'
             beam search applies its logits processors there); the scores
@@ -171,6 +182,7 @@ def beam_search(
     """
     if beam_size < 1:
         raise ValueError(f"beam_size must be at least 1. Received: beam_size={beam_size}")
+    check_early_stopping(early_stopping)
     check_alpha(alpha)
     check_length_penalty(penalty)
     check_state_lengths(state_lengths, grow_state, max_length)
@@ -198,6 +210,7 @@ def beam_search(
     # step expands it alone.
     initial = BeamState(
         index=ops.convert_to_tensor(0, dtype="int32"),
+        done=ops.zeros((batch_size,), dtype="bool"),
         alive_ids=ops.where(
             ops.equal(positions, 0)[None, None, :],
             initial_ids[:, None, None],
@@ -239,18 +252,24 @@ def beam_search(
             )
 
         def sentence_done(search):
-            best_alive = search.alive_log_probs[:, 0] / best_lp  # [B]
+            return ops.logical_or(ended(search), ops.greater_equal(search.index, limits))
+
+        def ended(search):
+            """The sentences done before their limit, by `early_stopping`'s rule."""
+            bound = best_lp if early_stopping == "never" else length_penalty(ops.maximum(search.index, 1), alpha, penalty)
+            best_alive = search.alive_log_probs[:, 0] / bound  # [B]
             worst_finished = ops.min(
                 ops.where(search.finished_flags, search.finished_scores, NEG_INF),
                 axis=1,
             )  # [B]; NEG_INF until beam_size hypotheses finished
-            return ops.logical_or(
-                ops.logical_or(
-                    ops.greater(worst_finished, best_alive),
-                    ops.less(search.alive_log_probs[:, 0], NEG_INF / 2),  # nothing alive
-                ),
-                ops.greater_equal(search.index, limits),
-            )
+            done = [
+                ops.greater(worst_finished, best_alive),
+                ops.less(search.alive_log_probs[:, 0], NEG_INF / 2),  # nothing alive
+                search.done,  # done before, it stays so: `bound` may grow
+            ]
+            if early_stopping is True:
+                done.append(ops.all(search.finished_flags, axis=1))  # beam_size hypotheses finished
+            return functools.reduce(ops.logical_or, done)
 
         def condition(search):
             return ops.logical_and(
@@ -325,6 +344,7 @@ def beam_search(
             )
             return BeamState(
                 index=index + 1,
+                done=ended(search),
                 alive_ids=ops.where(active[:, :, None], new_alive_ids, alive_ids),
                 alive_log_probs=ops.where(active, new_alive_log_probs, search.alive_log_probs),
                 finished_ids=gather_beams(
@@ -387,7 +407,8 @@ def beam_search(
     if penalty == "power":
         # fairseq's and transformers' rule: hypotheses cut at the sentence's
         # limit rank with the finished ones, by score.
-        cut = ops.greater_equal(search.index, sentence_max_length)[:, None]  # [B, 1]
+        # (A sentence done before its limit keeps its finished ones.)
+        cut = ops.logical_and(ops.greater_equal(search.index, sentence_max_length), ops.logical_not(search.done))[:, None]
         _, ranked = ops.top_k(
             ops.concatenate(
                 [

@@ -38,6 +38,12 @@ class SearchSettings:
         "gnmt", "((5 + length) / 6)^alpha, the paper's, or length^alpha, fairseq's and Marian's",
         choices=LENGTH_PENALTIES,
     )
+    # When a beam search's sentence is done (transformers' early_stopping):
+    # "never" (exact), False (a guess at the current length) or True (that,
+    # or beam_size hypotheses finished). `convert` reads a checkpoint's.
+    early_stopping: object = _field("never", "when a beam is done: never (exact, the paper's), false (bounded at the "
+                                    "current length) or true (also once beam-size hypotheses finished), as transformers'",
+                                    type=lambda text: EARLY_STOPPING_FLAGS.get(text, text), metavar="never|true|false")
     # An output may have this many tokens more than its source.
     max_extra_length: int = _field(50, "output tokens allowed beyond the source's", type=int, metavar="N")
     # An output holds at least this many tokens, its EOS included, where its
@@ -76,6 +82,7 @@ class SearchSettings:
             raise ValueError(f"repetition_penalty must be a finite number above 0. Received: repetition_penalty={penalty!r}")
         object.__setattr__(self, "repetition_penalty", float(penalty))
         check_alpha(self.alpha)
+        check_early_stopping(self.early_stopping)
         object.__setattr__(self, "alpha", float(self.alpha))
         check_length_penalty(self.length_penalty)
         object.__setattr__(self, "force_eos", bool(self.force_eos))
@@ -178,6 +185,14 @@ def from_arguments(args):
         field.name: getattr(args, field.name) for field in dataclasses.fields(SearchSettings)
         if field.metadata["flag"] and getattr(args, field.name, None) is not None
     }
+
+
+EARLY_STOPPING_FLAGS = {"never": "never", "true": True, "false": False}
+
+
+def check_early_stopping(value):
+    if value not in ("never", True, False) or isinstance(value, int) and not isinstance(value, bool):
+        raise ValueError(f"early_stopping must be 'never', True or False. Received: early_stopping={value!r}")
 
 
 def check_length_penalty(form):

@@ -192,6 +192,7 @@ def search_translations(
         beam_size=settings.beam_size,
         alpha=settings.alpha,
         penalty=settings.length_penalty,
+        early_stopping=settings.early_stopping,
         narrow_step=step_fn.narrow,
         steps_per_iteration=search_steps_per_iteration(
             initial_state, settings.beam_size, max_length, xla=decoding is not None and decoding.xla
