@@ -33,25 +33,29 @@ def free_port():
 def corpus(tmp_path_factory):
     """A toy task (reverse six words), prepared once for every process:
     with a 320-piece vocabulary every word is one piece."""
+    from keras_transformer.cli import main
+
     directory = write_reversal_files(tmp_path_factory.mktemp("corpus"))
-    prepared = subprocess.run(
-        command("prepare", "--source", directory / "train.en", "--target", directory / "train.de",
-                "--output", directory / "prepared", "--vocabulary-size", 320),
-        env=dict(os.environ, KERAS_BACKEND=keras.backend.backend()), capture_output=True, text=True, timeout=300,
-    )
-    assert prepared.returncode == 0, prepared.stderr[-3000:]
+    # In this process: the `train` processes are under test, not `prepare` (a start-up saved).
+    main(["prepare", "--source", str(directory / "train.en"), "--target", str(directory / "train.de"),
+          "--output", str(directory / "prepared"), "--vocabulary-size", "320"])
     return directory
 
 
 def train(corpus, model_dir):
-    return command(
+    return command(*train_arguments(corpus, model_dir))
+
+
+def train_arguments(corpus, model_dir):
+    """`keras-transformer train`'s arguments for a run of STEPS steps on `corpus`."""
+    return [
         "train", "--train-data", corpus / "prepared",
         "--valid-source", corpus / "valid.en", "--valid-target", corpus / "valid.de",
         "--model-dir", model_dir, "--preset", "tiny", "--num-layers", 1,
         "--tokens-per-batch", 512, "--max-tokens", 16, "--warmup-steps", 20,
         "--train-steps", STEPS, "--checkpoint-every", 2, "--average", 2,
         "--valid-bleu-sentences", 2, "--beam-size", 1,
-    )
+    ]
 
 
 def wait_for_all(processes, timeout):
@@ -96,13 +100,28 @@ def assert_same_checkpoints(got, want):
 RUN = ["--train-steps", 12, "--valid-bleu-sentences", 0]
 
 
-def uninterrupted(corpus, directory, environments):
-    """Two processes' run of `RUN`, never interrupted: their model
-    directories `directory / "whole0"` and `"whole1"`."""
-    whole = start_two(corpus, directory, "whole", environments, *RUN)
+def uninterrupted(corpus, directory, environments, extra=()):
+    """Two processes' run of `RUN` (and `extra`), never interrupted: their
+    model directories `directory / "whole0"` and `"whole1"`."""
+    whole = start_two(corpus, directory, "whole", environments, *RUN, *extra)
     wait_for_all(whole, timeout=300)
     assert [p.returncode for p in whole] == [0, 0], (directory / "whole0.err").read_text()[-3000:]
     return directory
+
+
+def final_state(model_dir):
+    """The last checkpoint's weights and optimizer variables, and the saved
+    translator's (averaged) weights."""
+    checkpoint = keras.saving.load_model(model_dir / "checkpoints" / "ckpt-00000012.keras")
+    translator = keras.saving.load_model(model_dir / "model.keras")
+    return {
+        "step": int(keras.ops.convert_to_numpy(checkpoint.optimizer.iterations)),
+        "weights": checkpoint.get_weights(),
+        "optimizer": [keras.ops.convert_to_numpy(v) for v in checkpoint.optimizer.variables],
+        "optimizer_paths": [v.path for v in checkpoint.optimizer.variables],
+        "translator": translator.get_weights(),
+        "paths": [v.path for v in checkpoint.weights],
+    }
 
 
 def newest_step(model_dir):
@@ -115,7 +134,8 @@ def kill_one_then_resume_both(corpus, tmp_path, environments, within, whole, ext
     with one `error:` line and no traceback. Then process 1's newest
     checkpoint goes, as when it was killed before writing it: both,
     started again with --resume, must agree on the newest step both have,
-    and end with the weights of the run `whole` (`uninterrupted`)."""
+    and end with the weights of the run `whole` (`uninterrupted` with `extra`,
+    the options the resumed processes read from their train_config.json)."""
     processes = start_two(corpus, tmp_path, "lost", environments, *RUN, *extra)
     started = time.time()
     kill_after = int(np.random.default_rng().choice([4, 6, 8]))
@@ -164,16 +184,22 @@ def kill_one_then_resume_both(corpus, tmp_path, environments, within, whole, ext
         )
 
 
-def shared_directory_run(corpus, tmp_path, environments, whole):
-    """Two processes of one run of `RUN` pointed at one model directory:
-    the first writes it, the second reads it, and it ends with one
-    vocabulary, one set of checkpoints and the translator, equal to the
-    run `whole` (`uninterrupted`) whose processes wrote a directory each."""
+def shared_directory_run(corpus, tmp_path, environments, whole, extra=()):
+    """Two processes of one run of `RUN` (and `extra`) pointed at one model
+    directory: `assert_written_as_one_each`."""
     shared = tmp_path / "shared"
-    processes = start_two(corpus, tmp_path, "shared", environments, *RUN, model_dirs=[shared, shared])
+    processes = start_two(corpus, tmp_path, "shared", environments, *RUN, *extra, model_dirs=[shared, shared])
     wait_for_all(processes, timeout=300)
     assert [p.returncode for p in processes] == [0, 0], [(tmp_path / f"shared{i}.err").read_text()[-3000:] for i in range(2)]
-    outs = [(tmp_path / f"shared{i}.out").read_text() for i in range(2)]
+    assert_written_as_one_each(tmp_path, "shared", shared, whole)
+
+
+def assert_written_as_one_each(tmp_path, name, shared, whole):
+    """The model directory `shared` of run `name`'s two processes: the first
+    wrote it, the second read it, and it holds one vocabulary, one set of
+    checkpoints and the translator, equal to the run `whole`
+    (`uninterrupted`) whose processes wrote a directory each."""
+    outs = [(tmp_path / f"{name}{i}.out").read_text() for i in range(2)]
     assert f"model directory: {shared}, shared by the run's 2 processes; this one writes it" in outs[0]
     assert "this one writes it" not in outs[1] and "the first process saved the translator" in outs[1]
 
@@ -198,7 +224,8 @@ def restart_after_a_lost_child(corpus, tmp_path, environments, whole, extra=()):
     """Process 1's training child, not its parent, is killed at a random
     checkpoint of a run with one model directory and `--max-restarts 1`:
     both parents start their children again with no person acting, and the
-    run ends with the weights of the run `whole` (`uninterrupted`)."""
+    directory ends as the run `whole` (`uninterrupted`) left its two
+    (`assert_written_as_one_each`)."""
     shared = tmp_path / "restarted"
     processes = start_two(corpus, tmp_path, "restarted", environments, *RUN, "--max-restarts", 1, *extra,
                           model_dirs=[shared, shared])
@@ -215,8 +242,7 @@ def restart_after_a_lost_child(corpus, tmp_path, environments, whole, extra=()):
     restarts = [re.findall(r"restart 1 of 1: a process of the run was lost; resuming from step (\d+)", err) for err in errs]
     assert [len(found) for found in restarts] == [1, 1], errs
     assert int(restarts[1][0]) >= kill_after and not any("error:" in err for err in errs), errs
-    assert_same_checkpoints(shared / "checkpoints" / "ckpt-00000012.keras",
-                            whole / "whole0" / "checkpoints" / "ckpt-00000012.keras")
+    assert_written_as_one_each(tmp_path, "restarted", shared, whole)
 
 
 @contextlib.contextmanager

@@ -38,7 +38,7 @@ def load_benchmark():
 def test_one_tiny_step_reports_tokens_per_second(tmp_path):
     out = tmp_path / "speed.json"
     # keras-hub's model is left out to stay within seconds: its compile would
-    # double the time. The next test builds it.
+    # double the time. test_contenders_have_our_size builds it.
     result = subprocess.run(
         [sys.executable, SCRIPT, "--size", "tiny", "--batch-size", "3", "--steps", "1",
          "--rounds", "1", "--settle", "0", "--contenders", "torch", "--out", str(out),
@@ -63,25 +63,6 @@ def test_one_tiny_step_reports_tokens_per_second(tmp_path):
     else:
         assert report["skipped"]["torch"]
     assert "| ours" in result.stdout
-
-
-@in_one_pass("tensorflow", "the option's plumbing; compiling costs seconds under XLA, a minute under torch.compile")
-def test_ours_jit_runs_beside_ours_with_jit_compile_set_apart(tmp_path):
-    out = tmp_path / "speed.json"
-    result = subprocess.run(
-        [sys.executable, SCRIPT, "--size", "tiny", "--steps", "1", "--rounds", "1", "--settle", "0",
-         "--contenders", "ours_jit", "--jit-compile", "false", "--out", str(out)],
-        env=dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3"),
-        capture_output=True, text=True, timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(out.read_text())
-    assert report["jit_compile"] is False
-    assert set(report["contenders"]) == {"ours", "ours_jit"}
-    assert report["contenders"]["ours"]["jit_compile"] is False
-    assert report["contenders"]["ours_jit"]["jit_compile"] is True
-    assert report["ratios"]["ours/ours_jit"] > 0
-    assert "jit_compile=False" in result.stdout and "| ours_jit" in result.stdout
 
 
 @in_one_pass("torch", "the contender's switch of our torch products")
@@ -115,20 +96,32 @@ def test_contenders_have_our_size():
         assert sum(p.numel() for p in torch_model.parameters()) == ours.count_params() + extra
 
 
-@in_one_pass("tensorflow", "reads TensorFlow's profiler trace")
-def test_a_profiled_tensorflow_turn_sums_its_operations_by_part(tmp_path):
+@in_one_pass("tensorflow", "the option's plumbing and TensorFlow's profiler trace; compiling costs seconds under "
+             "XLA, a minute under torch.compile")
+def test_ours_jit_runs_beside_ours_with_jit_compile_set_apart_and_a_profiled_turn_sums_ours_by_part(tmp_path):
+    # One run for both: the profiled turn is one more turn of each contender.
     out = tmp_path / "speed.json"
     result = subprocess.run(
         [sys.executable, SCRIPT, "--size", "tiny", "--steps", "2", "--rounds", "1", "--settle", "0",
-         "--contenders", "--profile", "--out", str(out)],
+         "--contenders", "ours_jit", "--jit-compile", "false", "--profile", "--out", str(out)],
         env=dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3"),
         capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    parts = json.loads(out.read_text())["contenders"]["ours"]["tensorflow_parts"]
+    report = json.loads(out.read_text())
+    assert report["jit_compile"] is False
+    assert set(report["contenders"]) == {"ours", "ours_jit"}
+    assert report["contenders"]["ours"]["jit_compile"] is False
+    assert report["contenders"]["ours_jit"]["jit_compile"] is True
+    assert report["ratios"]["ours/ours_jit"] > 0
+    assert "jit_compile=False" in result.stdout and "| ours_jit" in result.stdout
+
+    parts = report["contenders"]["ours"]["tensorflow_parts"]
     assert parts["matmuls"] > 0 and parts["Adam update"] > 0
     rows = {}
-    for line in result.stdout.splitlines():
+    # ours' table: from its heading to the blank line after it.
+    table = result.stdout.split("\nours, one traced turn of 2 steps:\n", 1)[1].split("\n\n", 1)[0]
+    for line in table.splitlines():
         cells = [cell.strip() for cell in line.strip("|").split("|")]
         if len(cells) == 3 and cells[1].replace(".", "").isdigit():
             rows[cells[0]] = float(cells[1])
@@ -136,11 +129,15 @@ def test_a_profiled_tensorflow_turn_sums_its_operations_by_part(tmp_path):
     assert rows["all"] == pytest.approx(sum(parts.values()), abs=1e-4 * len(parts))
 
 
-@in_one_pass("jax", "the corpus's batching and the report's arithmetic, the same under every backend")
-def test_a_corpus_makes_bucketed_batches_whose_padding_the_report_leaves_out(tmp_path, capsys):
+@in_one_pass("jax", "the corpus's batching and the report's arithmetic, the same under every backend; XLA's "
+             "optimized modules, which only JAX's step is here (TensorFlow's parts are tested above)")
+def test_a_corpus_makes_bucketed_batches_whose_padding_the_report_leaves_out_and_a_profiled_jax_turn_times_each_part(
+    tmp_path, capsys
+):
     """`--corpus`: batches of a real corpus's lengths, as `train` buckets
     them; target tokens are the real ones, and the FLOPs without padding
-    are fewer than those the device computes."""
+    are fewer than those the device computes. Under JAX the same run,
+    profiled in mixed_bfloat16, sums XLA's operations by part of the model."""
     from keras_transformer.data import builtin_corpus
 
     corpus = builtin_corpus("valid", size=400)
@@ -148,10 +145,11 @@ def test_a_corpus_makes_bucketed_batches_whose_padding_the_report_leaves_out(tmp
     source.write_text("".join(line + "\n" for line in corpus.sources), encoding="utf-8")
     target.write_text("".join(line + "\n" for line in corpus.targets), encoding="utf-8")
     out = tmp_path / "speed.json"
+    profiled = keras.backend.backend() == "jax"
     result = subprocess.run(
         [sys.executable, SCRIPT, "--size", "tiny", "--corpus", str(source), str(target),
          "--corpus-vocabulary", "500", "--tokens-per-batch", "512", "--buckets", "2", "--steps", "2", "--rounds", "1", "--settle", "0",
-         "--contenders", "--out", str(out)],
+         "--contenders", "--out", str(out), *(["--precision", "mixed_bfloat16", "--profile"] if profiled else [])],
         env=dict(os.environ, KERAS_BACKEND=keras.backend.backend(), TF_CPP_MIN_LOG_LEVEL="3"),
         capture_output=True, text=True, timeout=300,
     )
@@ -165,6 +163,15 @@ def test_a_corpus_makes_bucketed_batches_whose_padding_the_report_leaves_out(tmp
     assert 0 < ours["mfu_without_padding"] < ours["mfu"]
     bad = run_main(capsys, "--corpus", str(source), str(tmp_path / "missing.de"))
     assert bad.returncode == 2 and "--corpus: no such file" in bad.stderr
+
+    if profiled:
+        parts = ours["xla_parts"]
+        assert "XLA's operations by part of the model (thread-seconds on the CPU; 100% of their time" in result.stdout
+        for part in ("dropout", "layer norm", "Adam update", "attention projections", "feed-forward"):
+            assert parts[part]["forward"] + parts[part]["backward"] > 0, part
+        # Products in the backward pass (each layer's two gradients), none in Adam's.
+        assert parts["feed-forward"]["backward"] > 0 and parts["feed-forward"]["matmul"] > 0
+        assert parts["Adam update"]["matmul"] == 0
 
 
 def test_the_device_trace_sorts_kernels_by_kind_and_splits_idle_time():
@@ -253,25 +260,6 @@ def test_xla_s_operations_are_summed_by_the_part_of_the_model_they_came_from(tmp
     # The module a trace ran: the one it names, else the one naming most of its time.
     assert support.module_of(times, {7: {}, 42: found}, programs=[7]) == {}
     assert support.module_of(times, {7: {}, 42: found}) is found
-
-
-@pytest.mark.skipif(keras.backend.backend() != "jax", reason="the parts come from XLA's optimized modules, which only JAX's step is here; TensorFlow's parts are tested above")
-def test_a_profiled_jax_turn_reports_its_time_by_part_of_the_model(tmp_path):
-    out = tmp_path / "speed.json"
-    result = subprocess.run(
-        [sys.executable, SCRIPT, "--size", "tiny", "--steps", "2", "--rounds", "1", "--contenders",
-         "--precision", "mixed_bfloat16", "--profile", "--out", str(out)],
-        env=dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3"),
-        capture_output=True, text=True, timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    parts = json.loads(out.read_text())["contenders"]["ours"]["xla_parts"]
-    assert "XLA's operations by part of the model (thread-seconds on the CPU; 100% of their time" in result.stdout
-    for part in ("dropout", "layer norm", "Adam update", "attention projections", "feed-forward"):
-        assert parts[part]["forward"] + parts[part]["backward"] > 0, part
-    # Products in the backward pass (each layer's two gradients), none in Adam's.
-    assert parts["feed-forward"]["backward"] > 0 and parts["feed-forward"]["matmul"] > 0
-    assert parts["Adam update"]["matmul"] == 0
 
 
 @in_one_pass("torch", "reads JSON reports and draws a PNG, the same under every backend")

@@ -1,21 +1,25 @@
 """Smoke tests of the benchmark tools: each runs a step or two end to end on
 data small enough for seconds, and reports what it promises. The timings
-themselves are never asserted: the machines are shared and noisy. And the
-folder's layout: a few tools, each saying how it is run, and no results
+themselves are never asserted: the machines are shared and noisy. Each tool
+runs once as a command; its other runs call its `main` in this process. And
+the folder's layout: a few tools, each saying how it is run, and no results
 file that nothing names."""
 
 import ast
 import glob
+import importlib.util
 import itertools
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+from unittest import mock
 
 import keras
 import pytest
-from conftest import in_one_pass
+from conftest import as_a_process, in_one_pass
 
 import keras_transformer as kt
 from keras_transformer.data import builtin_corpus
@@ -26,6 +30,10 @@ BENCHMARKS = os.path.join(ROOT, "benchmarks")
 # The tools' own code is the same under every backend; the model code they
 # drive is tested in every pass.
 pytestmark = in_one_pass("torch", "benchmark tools' smoke runs")
+
+# `_support.fit_batches` fits on a `tf.data` dataset, of which Keras warns that
+# `fit` does not shuffle it; a command's run prints that to its stderr.
+fits_in_process = pytest.mark.filterwarnings("ignore:`shuffle=True` was passed:UserWarning")
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +52,27 @@ def run_benchmark(script, *arguments, backend=None, returncode=0):
         env=dict(os.environ, KERAS_BACKEND=backend or keras.backend.backend(), TF_CPP_MIN_LOG_LEVEL="3"),
         capture_output=True, text=True, timeout=600,
     )
+    assert result.returncode == returncode, result.stdout[-2000:] + result.stderr[-3000:]
+    return result.stdout if returncode == 0 else result.stderr
+
+
+def run_in_process(capsys, script, *arguments, returncode=0):
+    """`run_benchmark`, but the tool's `main` runs in this process, which
+    saves the seconds of a start-up (each tool also runs as a command, in a
+    test of its own). The environment and the SIGTERM handler the tool sets
+    are put back."""
+    path = os.path.join(BENCHMARKS, script)
+    if BENCHMARKS not in sys.path:
+        sys.path.insert(0, BENCHMARKS)  # the tools import their sibling `_support`, as a command's folder
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        with mock.patch.dict(os.environ), mock.patch.object(sys, "argv", [path, *arguments]):
+            spec = importlib.util.spec_from_file_location(os.path.splitext(script)[0], path)
+            tool = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(tool)
+            result = as_a_process(capsys, tool.main)
+    finally:
+        signal.signal(signal.SIGTERM, handler)
     assert result.returncode == returncode, result.stdout[-2000:] + result.stderr[-3000:]
     return result.stdout if returncode == 0 else result.stderr
 
@@ -122,10 +151,11 @@ def test_input_pipeline_sets_the_pipeline_against_a_preset_s_training(parallel_f
     assert "tiny model training:" in stdout and "ratio pipeline / training" in stdout
 
 
-def test_input_pipeline_bucketing_reports_padding_and_tokens_per_second(parallel_files, tmp_path):
+@fits_in_process
+def test_input_pipeline_bucketing_reports_padding_and_tokens_per_second(parallel_files, tmp_path, capsys):
     out = tmp_path / "bucketing.json"
-    stdout = run_benchmark(
-        "input_pipeline.py", "--bucketing", "--data-dir", str(parallel_files), "--vocabulary-size", "500",
+    stdout = run_in_process(
+        capsys, "input_pipeline.py", "--bucketing", "--data-dir", str(parallel_files), "--vocabulary-size", "500",
         "--tokens-per-batch", "512", "--steps", "1", "--rounds", "1", "--json", str(out),
     )
     report = json.loads(out.read_text())
@@ -140,10 +170,11 @@ def test_input_pipeline_bucketing_reports_padding_and_tokens_per_second(parallel
     assert "bucketed / padded" in stdout and "round trip" not in stdout
 
 
-def test_precision_speed_runs_both_precisions(parallel_files, tmp_path):
+@fits_in_process
+def test_precision_speed_runs_both_precisions(parallel_files, tmp_path, capsys):
     out = tmp_path / "precision.json"
-    stdout = run_benchmark(
-        "precision.py", "--data-dir", str(parallel_files), "--vocabulary-size", "500",
+    stdout = run_in_process(
+        capsys, "precision.py", "--data-dir", str(parallel_files), "--vocabulary-size", "500",
         "--tokens-per-batch", "512", "--steps", "1", "--rounds", "1", "--json", str(out),
     )
     report = json.loads(out.read_text())
@@ -155,7 +186,10 @@ def test_precision_speed_runs_both_precisions(parallel_files, tmp_path):
 
 def test_precision_matmul_peak_reports_both_dtypes_and_trains_nothing(tmp_path):
     out = tmp_path / "peak.json"
-    stdout = run_benchmark("precision.py", "--matmul-peak", "--sizes", "64", "--seconds", "0.05", "--json", str(out))
+    # The tool's start-up as a command, under JAX, whose start-up is the quickest.
+    stdout = run_benchmark(
+        "precision.py", "--matmul-peak", "--sizes", "64", "--seconds", "0.05", "--json", str(out), backend="jax"
+    )
     rates = json.loads(out.read_text())["flops_per_second"]["64"]
     assert rates["float32"] > 0 and rates["bfloat16"] > 0
     assert f"| 64 | {rates['float32'] / 1e9:,.0f} |" in stdout
@@ -165,14 +199,16 @@ def test_precision_matmul_peak_reports_both_dtypes_and_trains_nothing(tmp_path):
 # === Decoding ===
 
 
-def test_decoding_engines_time_every_contender_on_the_same_steps(tmp_path):
+def test_decoding_engines_time_every_contender_on_the_same_steps(tmp_path, capsys):
     out = tmp_path / "engines.json"
-    stdout = run_benchmark(
-        "decoding_engines.py", "--presets", "tiny", "--batch-sizes", "2", "--source-length", "3",
+    stdout = run_in_process(
+        capsys, "decoding_engines.py", "--presets", "tiny", "--batch-sizes", "2", "--source-length", "3",
         "--output-length", "6", "--vocabulary-size", "300", "--rounds", "1", "--settle", "0",
         "--peers", "keras-hub", "transformers", "ctranslate2", "recomputed", "--json", str(out),
     )
-    (run,) = json.loads(out.read_text())["runs"]
+    report = json.loads(out.read_text())
+    (run,) = report["runs"]
+    assert "latency" not in report  # without --latency, the batch cells alone
     rows = run["contenders"]
     # Each system decoded exactly 6 tokens per sentence, or the tool would
     # have stopped: greedy and beam 4, float32 and int8.
@@ -196,11 +232,11 @@ def test_decoding_engines_time_every_contender_on_the_same_steps(tmp_path):
     assert "| ctranslate2 int8, beam 4 | beam 4 | int8 |" in stdout
 
 
-def test_decoding_engines_time_only_the_peers_asked_for(tmp_path):
+def test_decoding_engines_time_only_the_peers_asked_for(tmp_path, capsys):
     """The GPU rows' command (ours against transformers alone), here on the CPU."""
     out = tmp_path / "engines.json"
-    run_benchmark(
-        "decoding_engines.py", "--presets", "tiny", "--batch-sizes", "2", "--source-length", "3",
+    run_in_process(
+        capsys, "decoding_engines.py", "--presets", "tiny", "--batch-sizes", "2", "--source-length", "3",
         "--output-length", "6", "--vocabulary-size", "300", "--rounds", "1", "--settle", "0",
         "--peers", "transformers", "--precisions", "float32", "--json", str(out),
     )
@@ -212,11 +248,18 @@ def test_decoding_engines_time_only_the_peers_asked_for(tmp_path):
         assert peer["ours/this"] == pytest.approx(rows["ours" + search]["sentences_per_second"] / peer["sentences_per_second"])
 
 
-def test_decoding_engines_time_a_converted_translator_against_its_own_engines(tmp_path):
+def test_decoding_engines_time_a_converted_translator_against_its_own_engines_in_batches_and_one_sentence_at_a_time(
+    tmp_path, capsys
+):
+    sentences = tmp_path / "sentences.en"
+    # Shortest first: the 5 timed sentences need fewer length buckets, each a program to warm up.
+    sentences.write_text("\n".join(sorted(builtin_corpus("test", size=40).sources, key=len)) + "\n")
     out = tmp_path / "converted.json"
-    stdout = run_benchmark(
-        "decoding_engines.py", "--converted", "tiny", "--batch-sizes", "2", "--source-length", "3",
-        "--output-length", "8", "--rounds", "1", "--settle", "0", "--json", str(out),
+    # One run for both: with --batch-sizes, --latency follows the batch cells.
+    stdout = run_in_process(
+        capsys, "decoding_engines.py", "--converted", "tiny", "--latency", "5", "--latency-source", str(sentences),
+        "--batch-sizes", "2", "--source-length", "3", "--output-length", "8", "--rounds", "1", "--settle", "0",
+        "--json", str(out),
     )
     report = json.loads(out.read_text())
     assert report["model"]["activation_function"] == "swish"
@@ -229,23 +272,9 @@ def test_decoding_engines_time_a_converted_translator_against_its_own_engines(tm
             row, ours = cells[name + search], cells[mine + search]
             # Each peer against ours in its precision: CTranslate2's int8 against ours in int8.
             assert row["ours/this"] == pytest.approx(ours["sentences_per_second"] / row["sentences_per_second"])
-    assert cells["ours int8"]["precision"] == "int8" and "latency" not in report
+    assert cells["ours int8"]["precision"] == "int8"
     assert "tiny's size, converted, batch 2" in stdout
 
-
-def test_decoding_engines_time_a_converted_translator_one_sentence_at_a_time(tmp_path):
-    sentences = tmp_path / "sentences.en"
-    # Shortest first: the 5 timed sentences need fewer length buckets, each a program to warm up.
-    sentences.write_text("\n".join(sorted(builtin_corpus("test", size=40).sources, key=len)) + "\n")
-    out = tmp_path / "latency.json"
-    stdout = run_benchmark(
-        "decoding_engines.py", "--converted", "tiny", "--latency", "5", "--latency-source", str(sentences),
-        "--batch-sizes", "1", "--source-length", "3", "--output-length", "8", "--rounds", "1", "--settle", "0",
-        "--peers", "ctranslate2", "--json", str(out),
-    )
-    report = json.loads(out.read_text())
-    (run,) = report["runs"]  # --batch-sizes given: the batch cells too, ours in int8 among them
-    assert {"ours int8", "ours int8, beam 4", "ctranslate2 int8"} <= set(run["contenders"])
     latency = report["latency"]
     assert (latency["sentences"], latency["beam_size"]) == (5, 1)
     # Every engine decoded each sentence to its source's tokens + 1, or the tool would have stopped.
@@ -264,22 +293,23 @@ def test_decoding_engines_time_a_converted_translator_one_sentence_at_a_time(tmp
     assert "| ctranslate2 int8 | int8 |" in stdout
 
 
-def test_decoding_engines_refuse_a_latency_source_of_too_few_sentences(tmp_path):
+def test_decoding_engines_refuse_a_latency_source_of_too_few_sentences(tmp_path, capsys):
     sentences = tmp_path / "two.en"
     sentences.write_text("A man.\n\nA dog.\n")
-    # Refused while reading the arguments, the same under every backend: JAX's start-up is the quickest.
-    stderr = run_benchmark(
-        "decoding_engines.py", "--converted", "tiny", "--latency", "5", "--latency-source", str(sentences),
-        backend="jax", returncode=2,
+    stderr = run_in_process(
+        capsys, "decoding_engines.py", "--converted", "tiny", "--latency", "5", "--latency-source", str(sentences),
+        returncode=2,
     )
     assert f"--latency 5 needs as many sentences; --latency-source {sentences} has 2 non-empty lines" in stderr
 
 
-def test_decoding_engines_switch_each_torch_path_off_in_turn(tmp_path):
+# This process has the command line's process settings (conftest.py), which the tool times the paths in.
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="times the torch backend's paths, in this process")
+def test_decoding_engines_switch_each_torch_path_off_in_turn(tmp_path, capsys):
     out = tmp_path / "paths.json"
-    stdout = run_benchmark(
-        "decoding_engines.py", "--torch-paths", "--presets", "tiny", "--batch-sizes", "2", "--source-length", "3",
-        "--output-length", "8", "--vocabulary-size", "50", "--rounds", "2", "--json", str(out), backend="torch",
+    stdout = run_in_process(
+        capsys, "decoding_engines.py", "--torch-paths", "--presets", "tiny", "--batch-sizes", "2", "--source-length", "3",
+        "--output-length", "8", "--vocabulary-size", "50", "--rounds", "2", "--json", str(out),
     )
     report = json.loads(out.read_text())
     (run,) = report["runs"]
@@ -297,11 +327,12 @@ def test_decoding_engines_switch_each_torch_path_off_in_turn(tmp_path):
 
 
 def test_decoding_engines_refuse_the_torch_paths_under_another_backend():
+    # The tool's start-up as a command under JAX, whose start-up is the quickest.
     stderr = run_benchmark("decoding_engines.py", "--torch-paths", backend="jax", returncode=2)
     assert "--torch-paths measures the torch backend's paths; KERAS_BACKEND is 'jax'" in stderr
 
 
-def test_serve_load_measures_each_server_at_each_concurrency_and_the_targets(tmp_path):
+def test_serve_load_measures_each_server_at_each_concurrency_and_the_targets(tmp_path, capsys):
     out = tmp_path / "load.json"
     train = tmp_path / "train.en"
     train.write_text("\n".join(builtin_corpus("train", size=2_000, seed=0).sources) + "\n", encoding="utf-8")
@@ -309,9 +340,10 @@ def test_serve_load_measures_each_server_at_each_concurrency_and_the_targets(tmp
     # Short sentences, decoded 8 tokens past their pieces: each server's answers take fewer decoding steps.
     shortest = sorted(builtin_corpus("test", size=40, seed=1).sources, key=len)[:10]
     sentences.write_text("\n".join(shortest) + "\n", encoding="utf-8")
-    run_benchmark("serve_load.py", "--size", "tiny", "--requests", "3", "--rounds", "2", "--concurrency", "1", "2", "--warm-up", "1",
-                  "--no-warm-up", "--settle", "0", "--train-source", str(train), "--sentences", str(sentences),
-                  "--spm-vocab", "100", "--max-extra-length", "8", "--json", str(out))
+    # The servers are commands of their own.
+    run_in_process(capsys, "serve_load.py", "--size", "tiny", "--requests", "3", "--rounds", "2", "--concurrency", "1", "2",
+                   "--warm-up", "1", "--no-warm-up", "--settle", "0", "--train-source", str(train),
+                   "--sentences", str(sentences), "--spm-vocab", "100", "--max-extra-length", "8", "--json", str(out))
     report = json.loads(out.read_text())
     assert report["settings"]["max_extra_length"] == 8
     assert list(report["servers"]) == ["ours", "ours-unbatched", "ctranslate2"]
@@ -330,7 +362,7 @@ def test_serve_load_compares_the_sentence_splitters_on_known_sentences(tmp_path)
         word = "Satz" if language == "de" else "Sentence"
         (tmp_path / f"{test_set}.{language}").write_text(
             "".join(f"{word} {i} of {test_set}, Nr. {i % 7}, ends here.\n" for i in range(100)), encoding="utf-8")
-    # Python's sentence splitters, no model: JAX's start-up is the quickest.
+    # Python's sentence splitters, no model: the tool's start-up as a command, under JAX, whose start-up is the quickest.
     run_benchmark("serve_load.py", "--splitters", "--paragraphs", "20", "--wmt", str(tmp_path), "--json", str(out),
                   backend="jax")
     rows = json.loads(out.read_text())["rows"]
@@ -341,7 +373,7 @@ def test_serve_load_compares_the_sentence_splitters_on_known_sentences(tmp_path)
         assert row["paragraphs"] == 20 and 0.5 < row["precision"] <= 1 and 0.5 < row["recall"] <= 1
 
 
-def test_int8_decoding_reports_speed_and_bleu_of_both(tmp_path):
+def test_int8_decoding_reports_speed_and_bleu_of_both(tmp_path, capsys):
     import keras_transformer as kt
     from keras_transformer.data import SubwordTokenizer
     from keras_transformer.decoding import Translator
@@ -355,8 +387,8 @@ def test_int8_decoding_reports_speed_and_bleu_of_both(tmp_path):
     (model_dir / "test.en").write_text("\n".join(corpus.sources[:3]) + "\n")
     (model_dir / "test.de").write_text("\n".join(corpus.targets[:3]) + "\n")
     out = tmp_path / "int8.json"
-    stdout = run_benchmark(
-        "int8_decoding.py", "--model-dir", str(model_dir), "--rounds", "1", "--json", str(out),
+    stdout = run_in_process(
+        capsys, "int8_decoding.py", "--model-dir", str(model_dir), "--rounds", "1", "--json", str(out),
     )
     report = json.loads(out.read_text())
     assert report["sentences"] == 3 and report["float_dtype_policy"] == "float32"
@@ -370,14 +402,21 @@ def test_int8_decoding_reports_speed_and_bleu_of_both(tmp_path):
     assert "int8 / float speed" in stdout
 
 
+def test_int8_decoding_refuses_a_model_dir_without_test_files(tmp_path):
+    # The tool's start-up as a command, under JAX, whose start-up is the quickest.
+    stderr = run_benchmark("int8_decoding.py", "--model-dir", str(tmp_path), backend="jax", returncode=2)
+    assert f"{tmp_path} has no test.en and test.de: give --source and --reference" in stderr
+
+
 def test_translate_scale_reports_the_peak_memory_and_speed_of_each_count(
-    translation_model, translation_tokenizer, tmp_path
+    translation_model, translation_tokenizer, tmp_path, capsys
 ):
     kt.Translator(translation_model, translation_tokenizer, beam_size=1, max_extra_length=4).save(tmp_path / "model")
     (tmp_path / "corpus.en").write_text("the man sees the dog .\n\nthe cat .\na woman reads a book .\n")
     out = tmp_path / "scale.json"
-    stdout = run_benchmark(
-        "translate_scale.py", "--model-dir", str(tmp_path / "model"), "--corpus", str(tmp_path / "corpus.en"),
+    # Each count is translated by the command, in a process of its own.
+    stdout = run_in_process(
+        capsys, "translate_scale.py", "--model-dir", str(tmp_path / "model"), "--corpus", str(tmp_path / "corpus.en"),
         "--lines", "5", "11", "--order-lines", "7", "--batch-size", "2", "--window", "4", "--json", str(out),
     )
     report = json.loads(out.read_text())
@@ -390,3 +429,12 @@ def test_translate_scale_reports_the_peak_memory_and_speed_of_each_count(
         runs[2]["translation_lines_per_second"] / runs[3]["translation_lines_per_second"]
     )
     assert "peak at 11 lines / at 5:" in stdout
+
+
+def test_translate_scale_refuses_a_corpus_without_lines(tmp_path):
+    (tmp_path / "blank.en").write_text("\n  \n")
+    # The tool's start-up as a command: it reads the corpus before it imports Keras.
+    stderr = run_benchmark(
+        "translate_scale.py", "--model-dir", str(tmp_path), "--corpus", str(tmp_path / "blank.en"), returncode=1
+    )
+    assert f"error: {tmp_path / 'blank.en'} has no lines to translate" in stderr

@@ -11,18 +11,21 @@ directory.
 
 import json
 import os
-import subprocess
 
 import keras
 import numpy as np
 import pytest
+from conftest import as_a_process
+from conftest import slow
 from process_runs import RUN
 from process_runs import corpus  # noqa: F401 (a fixture)
+from process_runs import final_state
 from process_runs import kill_one_then_resume_both
 from process_runs import restart_after_a_lost_child
-from process_runs import shared_directory_run
-from process_runs import train
+from process_runs import train_arguments
 from process_runs import uninterrupted
+
+from keras_transformer.cli import main
 
 pytestmark = pytest.mark.skipif(
     keras.backend.backend() != "jax",
@@ -30,32 +33,15 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def environment(**extra):
-    return dict(os.environ, KERAS_BACKEND="jax", **extra)
-
-
 def processes_of_one_run(ports, index):
     port = ports[0]
-    return environment(
+    return dict(
+        os.environ, KERAS_BACKEND="jax",
         JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
         JAX_COORDINATOR_BIND_ADDRESS=f"127.0.0.1:{port}",  # not every interface
         JAX_NUM_PROCESSES="2",
         JAX_PROCESS_ID=str(index),
     )
-
-
-def final_state(model_dir):
-    """The last checkpoint's weights and optimizer variables, and the saved
-    translator's (averaged) weights."""
-    checkpoint = keras.saving.load_model(model_dir / "checkpoints" / "ckpt-00000012.keras")
-    translator = keras.saving.load_model(model_dir / "model.keras")
-    return {
-        "step": int(keras.ops.convert_to_numpy(checkpoint.optimizer.iterations)),
-        "weights": checkpoint.get_weights(),
-        "optimizer": [keras.ops.convert_to_numpy(v) for v in checkpoint.optimizer.variables],
-        "translator": translator.get_weights(),
-        "paths": [v.path for v in checkpoint.weights],
-    }
 
 
 def losses(model_dir):
@@ -68,7 +54,7 @@ def whole(corpus, tmp_path_factory):
     return uninterrupted(corpus, tmp_path_factory.mktemp("whole"), processes_of_one_run)
 
 
-def test_two_processes_on_localhost_train_one_model_to_identical_weights(corpus, whole, tmp_path):
+def test_two_processes_on_localhost_train_one_model_to_identical_weights(corpus, whole, tmp_path, capsys):
     for i in range(2):
         assert "Distribution(jax, DataParallel, replicas=2, processes=2)" in (whole / f"whole{i}.out").read_text()
 
@@ -84,11 +70,9 @@ def test_two_processes_on_localhost_train_one_model_to_identical_weights(corpus,
         assert not np.allclose(weight, 1.0 if path.endswith("gamma") else 0.0, atol=1e-4), path
 
     # The two halves make the global batch: one process training on it
-    # alone logs the same losses.
-    alone = subprocess.run(
-        train(corpus, tmp_path / "alone") + [str(a) for a in RUN], env=environment(), capture_output=True, text=True,
-        timeout=300,
-    )
+    # alone (this one, on its one device) logs the same losses.
+    arguments = [str(a) for a in train_arguments(corpus, tmp_path / "alone") + RUN]
+    alone = as_a_process(capsys, lambda: main(arguments))
     assert alone.returncode == 0, alone.stderr[-3000:]
     assert "Distribution(jax, single device, replicas=1)" in alone.stdout
     together, single = losses(whole / "whole0"), losses(tmp_path / "alone")
@@ -105,11 +89,9 @@ def test_a_lost_process_ends_the_other_with_one_error_line_and_both_resume_to_th
                               extra=["--heartbeat-timeout", 20])
 
 
-def test_two_processes_train_into_one_shared_directory_as_into_one_each(corpus, whole, tmp_path):
-    shared_directory_run(corpus, tmp_path, processes_of_one_run, whole)
-
-
-def test_a_lost_child_restarts_on_both_processes_and_the_run_ends_with_the_uninterrupted_weights(
+@slow  # needs `whole`
+def test_two_processes_train_into_one_shared_directory_as_into_one_each_though_a_lost_child_restarts_on_both(
     corpus, whole, tmp_path
 ):
+    # One run for both: the restarted run starts, writes and ends as a shared directory's run does.
     restart_after_a_lost_child(corpus, tmp_path, processes_of_one_run, whole, extra=["--heartbeat-timeout", 20])

@@ -214,13 +214,7 @@ def test_a_request_costs_at_most_its_bounds(exported, served, translator):
     with pytest.raises(tf.errors.InvalidArgumentError, match=message):
         serve(served, [long_line] + [short] * 8)
     assert request_budget(translator) == 32 * (24 + 6)  # the default
-    # Every text holds beam x vocabulary scores a step: at most so many texts.
-    few_rows = tf.saved_model.load(export_saved_model(
-        translator, os.path.join(os.path.dirname(exported), "rows"), max_request_tokens=10_000, max_request_rows=3
-    ))
-    assert len(serve(few_rows, [short] * 3 + [""] * 5)[0]) == 8  # empty texts cost nothing
-    with pytest.raises(tf.errors.InvalidArgumentError, match="holds more texts than this export decodes at once: max_request_rows=3"):
-        serve(few_rows, [short] * 4)
+    # The bound on the texts of a request is tested on the export command's SavedModel (below).
     with pytest.raises(ValueError, match="max_request_rows must be an integer >= 1. Received: max_request_rows=0"):
         export_saved_model(translator, os.path.join(os.path.dirname(exported), "3"), max_request_rows=0)
     with pytest.raises(ValueError, match=r"max_request_tokens must be an integer >= max_source_length \+ max_extra_length = 24 \+ 6 = 30, so that one full row fits. Received: max_request_tokens=29"):
@@ -303,15 +297,26 @@ def test_a_model_trained_under_this_backend_serves_as_tensorflow_translates_it(t
     assert serve(served, texts)[0] == expected
 
 
-def test_the_export_command_writes_a_saved_model_that_translates(translator, tmp_path, capsys):
+@in_one_pass("tensorflow", "the command's options; under JAX and torch every export here runs this command in a "
+             "TensorFlow process, and each backend's export is tested in every pass")
+def test_the_export_command_writes_a_saved_model_that_translates_its_rows_at_most(translator, tmp_path, capsys):
     """The quick tier's run of the command: a greedy translator, exported to
-    --output, translates as the translator does."""
+    --output, translates as the translator does, at most --max-request-rows
+    texts a request."""
     translator.save(tmp_path / "translator")
     cli.main(["export", "--model-dir", str(tmp_path / "translator"), "--output", str(tmp_path / "export"),
-              "--beam-size", "1"])
-    assert f"Exported a SavedModel to {tmp_path / 'export'}" in capsys.readouterr().out
+              "--beam-size", "1", "--max-request-tokens", "10000", "--max-request-rows", "3"])
+    printed = capsys.readouterr().out
+    assert f"Exported a SavedModel to {tmp_path / 'export'}" in printed
+    assert "a request may hold 3 texts and cost 10000 tokens" in printed
+    served = tf.saved_model.load(str(tmp_path / "export"))
     greedy = kt.Translator(translator.model, translator.tokenizer, **{**SETTINGS, "beam_size": 1})
-    assert serve(tf.saved_model.load(str(tmp_path / "export")), SENTENCES[:2])[0] == greedy.translate(SENTENCES[:2])
+    assert serve(served, SENTENCES[:2])[0] == greedy.translate(SENTENCES[:2])
+    # Every text holds beam x vocabulary scores a step: at most so many texts.
+    short = SENTENCES[4]
+    assert len(serve(served, [short] * 3 + [""] * 5)[0]) == 8  # empty texts cost nothing
+    with pytest.raises(tf.errors.InvalidArgumentError, match="holds more texts than this export decodes at once: max_request_rows=3"):
+        serve(served, [short] * 4)
 
 
 @in_one_pass("tensorflow", "the search's forced tokens in the export's graph, which is TensorFlow's under every backend")
@@ -328,15 +333,14 @@ def test_the_export_keeps_the_target_prefix_and_forced_eos(translator, tmp_path)
 
 @in_one_pass("tensorflow", "version folders; each backend's export is tested in every pass")
 def test_exports_go_to_new_versions_in_tf_serving_layout(translator, tmp_path, capsys):
-    model_dir = tmp_path / "translator"
+    model_dir = tmp_path / "toy"
     translator.save(model_dir)
     base = tmp_path / "saved_models"
-    first = export_new_version(translator, "toy", base_dir=str(base))
+    # The command's export (export_new_version's) is the first version, in a folder named after --model-dir.
     cli.main(["export", "--model-dir", str(model_dir), "--base-dir", str(base), "--beam-size", "1"])
-    assert "Exported a SavedModel to" in capsys.readouterr().out
-    assert first == str(base / "toy" / "1")
-    assert sorted(os.listdir(base / "toy")) == ["1"]  # the CLI named it after --model-dir
-    assert sorted(os.listdir(base / "translator")) == ["1"]
+    assert f"Exported a SavedModel to {base / 'toy' / '1'} (beam 1," in capsys.readouterr().out
+    assert sorted(os.listdir(base)) == ["toy"]
+    assert sorted(os.listdir(base / "toy")) == ["1"]
     (base / "toy" / "7").mkdir()
     # What an export killed midway leaves, and the folder of one still running.
     ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
@@ -347,7 +351,7 @@ def test_exports_go_to_new_versions_in_tf_serving_layout(translator, tmp_path, c
     # No partial export of this one, nor of the killed one, is left behind.
     assert sorted(os.listdir(base / "toy")) == [f".partial-{os.getpid()}-y2", "1", "7", "8"]
 
-    greedy = tf.saved_model.load(str(base / "translator" / "1"))
+    greedy = tf.saved_model.load(str(base / "toy" / "1"))
     assert serve(greedy, SENTENCES[:2])[0] == kt.Translator(
         translator.model, translator.tokenizer, **{**SETTINGS, "beam_size": 1}
     ).translate(SENTENCES[:2])

@@ -526,29 +526,6 @@ def test_mirrored_strategy_over_two_devices_matches_one_device(tmp_path):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.skipif(
-    keras.backend.backend() != "tensorflow",
-    reason="MultiWorkerMirroredStrategy is the TensorFlow backend's engine",
-)
-def test_two_workers_on_localhost_train_together_to_identical_weights(tmp_path):
-    """With updates of 2 batches each, accumulated across the workers'
-    replicas (keras_private.ReplicaAccumulation)."""
-    ports = free_ports(2)
-    workers = [
-        run(tmp_path / f"worker{i}", 6, 3, tmp_path / f"worker{i}.npz",
-            "--worker", str(i), "--ports", ",".join(ports), "--accumulate", "2", wait=False)
-        for i in range(2)
-    ]
-    for worker in workers:
-        _, stderr = worker.communicate(timeout=600)
-        assert worker.returncode == 0, stderr.decode()[-3000:]
-    first, second = (dict(np.load(tmp_path / f"worker{i}.npz")) for i in range(2))
-    assert int(first["replicas"]) == int(second["replicas"]) == 2
-    assert int(first["step"]) == int(second["step"]) == 6 and len(first["losses"]) == 12
-    for a, b in zip(weights(first), weights(second)):
-        np.testing.assert_allclose(a, b, atol=1e-6)
-
-
 def free_ports(count):
     """Ports on 127.0.0.1 that nothing listens on now, as strings."""
     ports = []

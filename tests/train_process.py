@@ -1,7 +1,7 @@
 """A training run in its own process, for the distribution tests.
 
     python tests/train_process.py MODEL_DIR STEPS CHECKPOINT_EVERY WEIGHTS.npz
-        [--devices N] [--dropout P] [--accumulate N]
+        [--devices N] [--fixed-length] [--dropout P] [--accumulate N]
 
 Trains the tiny model on the reversal task with `keras_transformer.training`
 on a deterministic dataset, then writes the final weights and the per-step
@@ -9,16 +9,12 @@ losses.
 `--devices N` replicates over N devices (TensorFlow logical CPU devices, or
 JAX host devices when XLA_FLAGS asks for them). `--fixed-length` gives every
 sequence the same length, so every replica holds as many tokens.
-`--worker I --ports P0,P1` makes this process worker I of a
-MultiWorkerMirroredStrategy cluster on 127.0.0.1.
 
 `train(...)` is the same run on one device in the calling process: the
 tests' single-device references, which need no process of their own.
 """
 
 import argparse
-import json
-import os
 
 import keras
 import numpy as np
@@ -75,18 +71,7 @@ if __name__ == "__main__":
     parser.add_argument("--fixed-length", action="store_true")
     parser.add_argument("--dropout", type=float, default=0.0)
     parser.add_argument("--accumulate", type=int, default=1, help="batches per update")
-    parser.add_argument("--worker", type=int, help="this worker's index")
-    parser.add_argument("--ports", help="comma-separated 127.0.0.1 ports, one per worker")
     args = parser.parse_args()
-
-    if args.worker is not None:
-        # Several machines, simulated by processes on this one.
-        os.environ["TF_CONFIG"] = json.dumps(
-            {
-                "cluster": {"worker": [f"127.0.0.1:{p}" for p in args.ports.split(",")]},
-                "task": {"type": "worker", "index": args.worker},
-            }
-        )
 
     devices = None
     if args.devices > 1 and keras.backend.backend() == "tensorflow":
