@@ -217,6 +217,12 @@ def in_passes(backends, why):
     )
 
 
+def runs_in_this_pass(backend):
+    """Whether a part of a test that `in_one_pass(backend, ...)` would mark
+    runs here: under `backend`'s pass, or outside CI's passes."""
+    return not PASSES or backend not in PASSES or keras.backend.backend() == backend
+
+
 def as_a_process(capsys, call):
     """`call()` (a script's `main`) run in this process, which saves the
     seconds of a start-up: its exit status, stdout and stderr as the
