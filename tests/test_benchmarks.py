@@ -303,14 +303,15 @@ def test_decoding_engines_refuse_a_latency_source_of_too_few_sentences(tmp_path,
     assert f"--latency 5 needs as many sentences; --latency-source {sentences} has 2 non-empty lines" in stderr
 
 
-# This process has the command line's process settings (conftest.py), which the tool times the paths in.
-@pytest.mark.skipif(keras.backend.backend() != "torch", reason="times the torch backend's paths, in this process")
 def test_decoding_engines_switch_each_torch_path_off_in_turn(tmp_path, capsys):
     out = tmp_path / "paths.json"
-    stdout = run_in_process(
-        capsys, "decoding_engines.py", "--torch-paths", "--presets", "tiny", "--batch-sizes", "2", "--source-length", "3",
-        "--output-length", "8", "--vocabulary-size", "50", "--rounds", "2", "--json", str(out),
-    )
+    arguments = ("decoding_engines.py", "--torch-paths", "--presets", "tiny", "--batch-sizes", "2", "--source-length",
+                 "3", "--output-length", "8", "--vocabulary-size", "50", "--rounds", "2", "--json", str(out))
+    # Under torch in this process, which has the command line's process settings (conftest.py); else a torch command.
+    if keras.backend.backend() == "torch":
+        stdout = run_in_process(capsys, *arguments)
+    else:
+        stdout = run_benchmark(*arguments, backend="torch")
     report = json.loads(out.read_text())
     (run,) = report["runs"]
     assert (run["preset"], run["batch_size"]) == ("tiny", 2)

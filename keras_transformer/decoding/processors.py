@@ -8,6 +8,7 @@ token; beam search to the log-probabilities before it extends its beams
 the list a translator's settings ask for.
 """
 
+import abc
 from typing import Any
 from typing import NamedTuple
 
@@ -32,11 +33,12 @@ def output_ids(step, start_id):
     return ops.where(first, ops.cast(start_id, "int32"), step.ids)
 
 
-class LogitsProcessor:
+class LogitsProcessor(abc.ABC):
     """One change to a step's scores, `[N, V]` float32 -> `[N, V]`."""
 
+    @abc.abstractmethod
     def __call__(self, scores, step):
-        raise NotImplementedError
+        """The changed scores, given the `Step`."""
 
 
 class MinLength(LogitsProcessor):
